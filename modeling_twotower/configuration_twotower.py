@@ -1,0 +1,125 @@
+"""Configuration of the two-tower language model (He & Toyoizumi, arXiv 2210.07041)."""
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+# The paper's sizes (PAPER.md, "Reference hyper-parameters"); every size describes ONE tower.
+PRESETS = {
+    # Small enough to train for a few minutes on two CPU cores.
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
+    "base": dict(
+        hidden_size=384, num_hidden_layers=12, num_attention_heads=12, intermediate_size=1536, vocab_size=30528
+    ),
+    "large": dict(
+        hidden_size=512, num_hidden_layers=24, num_attention_heads=16, intermediate_size=2048, vocab_size=30528
+    ),
+}
+
+
+class TwoTowerConfig(PretrainedConfig):
+    r"""
+    Configuration of a [`TwoTowerForCausalLM`]: `num_towers` transformer stacks of identical shape, fed by one
+    shared token embedding of width `num_towers * hidden_size` and joined only by a fusion head.
+
+    `hidden_size`, `num_hidden_layers`, `num_attention_heads` and `intermediate_size` describe ONE tower.
+
+    Example:
+
+    ```python
+    >>> from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+    >>> config = TwoTowerConfig.from_preset("base")
+    >>> config.num_towers, config.hidden_size, config.fused_hidden_size
+    (2, 384, 768)
+    >>> model = TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=128))
+    ```
+    """
+
+    # Namespaced so that a future native transformers model called "twotower" can never collide with it.
+    model_type = "twotower-pkg"
+    keys_to_ignore_at_inference = ["cache"]
+
+    def __init__(
+        self,
+        vocab_size: int = 30528,  # bert-base-uncased's 30522, padded up to a multiple of 64
+        hidden_size: int = 384,  # width of one tower (h); the shared embedding is num_towers * h wide
+        num_hidden_layers: int = 12,  # layers per tower
+        num_attention_heads: int = 12,  # heads per tower
+        intermediate_size: int = 1536,  # MLP width of one tower
+        num_towers: int = 2,  # 2 in the paper; 3 or more also work
+        hidden_act: str = "gelu",  # any key of transformers.activations.ACT2FN
+        max_position_embeddings: int = 128,  # the paper's context length
+        hidden_dropout: float = 0.1,  # embeddings, residual branches and fusion head
+        attention_dropout: float = 0.1,
+        layer_norm_eps: float = 1e-12,  # BERT's value, as in the reference code
+        initializer_range: float = 0.02,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = True,  # the decoder is tied to the shared input embedding
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.num_towers = num_towers
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.hidden_dropout = hidden_dropout
+        self.attention_dropout = attention_dropout
+        self.layer_norm_eps = layer_norm_eps
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        self._validate_architecture()
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+    @property
+    def fused_hidden_size(self) -> int:
+        """Width of the shared embedding and of the concatenated towers: `num_towers * hidden_size`."""
+        return self.num_towers * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **kwargs) -> "TwoTowerConfig":
+        """A config of the paper's sizes (`"base"`, `"large"`) or the CPU-sized `"tiny"`; kwargs override fields."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **kwargs})
+
+    def _validate_architecture(self):
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        for field in (*positive, "max_position_embeddings"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+        if not isinstance(self.num_towers, int) or self.num_towers < 2:
+            raise ValueError(
+                f"`num_towers` must be an integer >= 2 (a two-tower model needs at least two towers), "
+                f"got {self.num_towers!r}."
+            )
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads}); change one of them, e.g. hidden_size="
+                f"{self.num_attention_heads * max(1, round(self.hidden_size / self.num_attention_heads))}."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"Unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)}.")
+        for field in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
+
+
+__all__ = ["TwoTowerConfig", "PRESETS"]

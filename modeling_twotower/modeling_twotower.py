@@ -1,0 +1,532 @@
+"""PyTorch two-tower language model (He & Toyoizumi, "Spontaneous Emerging Preference in Two-tower Language Model").
+
+All towers run together: every per-tower weight is stacked along a leading tower dimension, every matmul is
+a batched matmul over towers, and attention folds the towers into the head dimension, so one attention call
+(and one cache slot per depth) covers every tower's heads. Towers never exchange information before the
+fusion head.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.deprecation import deprecate_kwarg
+
+from .configuration_twotower import TwoTowerConfig
+
+# Budget for one chunk of probe logits, [towers, positions, vocab] in float32 (256 MiB).
+PROBE_LOGITS_CHUNK_BYTES = 256 * 2**20
+
+
+@dataclass
+class TwoTowerModelOutputWithPast(BaseModelOutputWithPast):
+    r"""
+    last_hidden_state (`torch.FloatTensor` of shape `[batch, seq, num_towers * hidden]`):
+        The normalized concatenation of the towers' last hidden states; probe `i` reads slice `i`.
+    tower_hidden_states (`torch.FloatTensor` of shape `[num_towers, batch, seq, hidden]`, *optional*):
+        Each tower's own final hidden states before fusion, returned with `output_tower_hidden_states=True`.
+    """
+
+    tower_hidden_states: torch.FloatTensor | None = None
+
+
+@dataclass
+class TwoTowerCausalLMOutputWithPast(CausalLMOutputWithPast):
+    r"""
+    tower_hidden_states (`torch.FloatTensor` of shape `[num_towers, batch, seq, hidden]`, *optional*):
+        Each tower's own final hidden states before fusion, returned with `output_tower_hidden_states=True`.
+    """
+
+    tower_hidden_states: torch.FloatTensor | None = None
+
+
+class TwoTowerBatchedLinear(nn.Module):
+    """`num_towers` independent `nn.Linear` layers applied as one batched matmul; weight [towers, out, in]."""
+
+    def __init__(self, num_towers: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_towers, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(num_towers, out_features))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # [towers, ..., in] -> [towers, ..., out]
+        num_towers, *middle, in_features = hidden_states.shape
+        flat = hidden_states.reshape(num_towers, -1, in_features)
+        out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))
+        return out.view(num_towers, *middle, -1)
+
+
+class TwoTowerBatchedLayerNorm(nn.Module):
+    """One LayerNorm per tower; weight and bias [towers, hidden]."""
+
+    def __init__(self, num_towers: int, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_towers, hidden_size))
+        self.bias = nn.Parameter(torch.zeros(num_towers, hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # [towers, ..., hidden]
+        shape = (hidden_states.shape[0],) + (1,) * (hidden_states.dim() - 2) + (hidden_states.shape[-1],)
+        normalized = F.layer_norm(hidden_states, hidden_states.shape[-1:], eps=self.eps)
+        return normalized * self.weight.view(shape) + self.bias.view(shape)
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    # query [batch, towers * heads, q_len, head_dim]; key, value [batch, towers * heads, kv_len, head_dim]
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class TwoTowerAttention(nn.Module):
+    """Causal self-attention of every tower at one depth, the towers folded into the head dimension."""
+
+    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_towers = config.num_towers
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = True
+        self.q_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.k_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.v_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.o_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
+
+    def _to_heads(self, states: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> [batch, towers * heads, seq, head_dim], tower-major head order
+        num_towers, batch, seq, _ = states.shape
+        states = states.view(num_towers, batch, seq, -1, self.head_dim).permute(1, 0, 3, 2, 4)
+        return states.reshape(batch, -1, seq, self.head_dim)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
+        num_towers, batch, seq, hidden = hidden_states.shape
+        query = self._to_heads(self.q_proj(hidden_states))
+        key = self._to_heads(self.k_proj(hidden_states))
+        value = self._to_heads(self.v_proj(hidden_states))
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+
+        # Attention weights exist only on the eager path; interpretability users ask for them explicitly.
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        # [batch, seq, towers * heads, head_dim] -> [towers, batch, seq, hidden]
+        attn_output = attn_output.reshape(batch, seq, num_towers, hidden).permute(2, 0, 1, 3)
+        return self.o_proj(attn_output), attn_weights
+
+
+class TwoTowerMLP(nn.Module):
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.up_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.intermediate_size)
+        self.down_proj = TwoTowerBatchedLinear(config.num_towers, config.intermediate_size, config.hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states):
+        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+
+
+class TwoTowerDecoderLayer(GradientCheckpointingLayer):
+    """Pre-LN transformer block at one depth of every tower; hidden states [towers, batch, seq, hidden]."""
+
+    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
+        self.self_attn = TwoTowerAttention(config, layer_idx)
+        self.post_attention_layernorm = TwoTowerBatchedLayerNorm(
+            config.num_towers, config.hidden_size, config.layer_norm_eps
+        )
+        self.mlp = TwoTowerMLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
+        # Self Attention
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, attn_weights = self.self_attn(hidden_states, attention_mask, cache, output_attentions)
+        hidden_states = residual + self.dropout(hidden_states)
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        hidden_states = residual + self.dropout(hidden_states)
+        return hidden_states, attn_weights
+
+
+class TwoTowerProbes(nn.Module):
+    """
+    One probe per tower (Linear, GELU, LayerNorm, Linear to the vocabulary; not tied), all towers batched.
+
+    Each probe reads only its tower's slice of the normalized concatenation. Probes are trained in the probe
+    phase on a frozen model and are what the preference measurement reads.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.dense = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
+        self.decoder = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.vocab_size)
+
+    def transform(self, features: torch.Tensor) -> torch.Tensor:
+        # [towers, ..., hidden] -> [towers, ..., hidden], the input of the vocabulary projection
+        return self.norm(self.act_fn(self.dense(features)))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Full probe logits [towers, ..., vocab]; for a few positions only (see `forward` for scoring)."""
+        return self.decoder(self.transform(features))
+
+    def forward(
+        self, features: torch.Tensor, target_ids: torch.LongTensor, chunk_size: int | None = None
+    ) -> torch.Tensor:
+        """
+        Each probe's log-probability of `target_ids`.
+
+        Args:
+            features: [towers, batch, seq, hidden], from `TwoTowerForCausalLM.probe_features`.
+            target_ids: [batch, seq], aligned with `features`; -100 marks positions to skip (they give 0.0).
+            chunk_size: positions per chunk of the vocabulary projection; by default chosen so one chunk of
+                [towers, chunk, vocab] float32 logits stays under 256 MiB. [towers, batch, seq, vocab] logits
+                never exist at once, and under autograd each chunk is recomputed in backward instead of kept.
+
+        Returns:
+            gold log-probabilities [towers, batch, seq], float32.
+        """
+        num_towers, batch, seq, hidden = features.shape
+        if target_ids.shape != (batch, seq):
+            raise ValueError(f"`target_ids` has shape {tuple(target_ids.shape)}, expected {(batch, seq)}.")
+        vocab_size = self.decoder.weight.shape[1]
+        transformed = self.transform(features).reshape(num_towers, batch * seq, hidden)
+        targets = target_ids.reshape(-1)
+        ignored = targets == -100
+        targets = targets.masked_fill(ignored, 0)
+        if chunk_size is None:
+            chunk_size = max(1, PROBE_LOGITS_CHUNK_BYTES // (4 * num_towers * vocab_size))
+        keep_graph = torch.is_grad_enabled() and (transformed.requires_grad or self.decoder.weight.requires_grad)
+        chunks = []
+        for start in range(0, batch * seq, chunk_size):
+            args = (transformed[:, start : start + chunk_size], targets[start : start + chunk_size])
+            if keep_graph:
+                chunks.append(checkpoint(self._gold_logprobs, *args, use_reentrant=False))
+            else:
+                chunks.append(self._gold_logprobs(*args))
+        gold_logprobs = torch.cat(chunks, dim=1).masked_fill(ignored, 0.0)
+        return gold_logprobs.view(num_towers, batch, seq)
+
+    def _gold_logprobs(self, transformed: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
+        # [towers, chunk, hidden] -> [towers, chunk, vocab] -> [towers, chunk]
+        logits = self.decoder(transformed).float()
+        gold_logits = logits.gather(-1, targets.expand(logits.shape[0], -1).unsqueeze(-1)).squeeze(-1)
+        return gold_logits - torch.logsumexp(logits, dim=-1)
+
+
+class TwoTowerPreTrainedModel(PreTrainedModel):
+    config: TwoTowerConfig
+    config_class = TwoTowerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TwoTowerDecoderLayer"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # nn.Linear (incl. the decoder's output bias), nn.Embedding, *LayerNorm
+        if isinstance(module, TwoTowerBatchedLinear):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            init.zeros_(module.bias)
+        elif isinstance(module, TwoTowerBatchedLayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+class TwoTowerModel(TwoTowerPreTrainedModel):
+    """Shared embedding, per-tower projections and stacks, and the normalized concatenation of the towers."""
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.fused_hidden_size, config.pad_token_id)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.fused_hidden_size)
+        self.embed_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.fused_hidden_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.fusion_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def _check_inputs(self, input_ids, inputs_embeds, past_seen_tokens):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        if past_seen_tokens + seq_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"Sequence length {past_seen_tokens + seq_len} (cached {past_seen_tokens} + new {seq_len}) exceeds "
+                f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input "
+                f"(e.g. tokenizer(..., truncation=True, max_length={self.config.max_position_embeddings}))."
+            )
+        # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
+        if input_ids is not None and not torch.compiler.is_compiling():
+            vocab_size = self.config.vocab_size
+            if bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
+                bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)][0].item()
+                raise ValueError(
+                    f"Token id {bad} is outside [0, {vocab_size}); the tokenizer does not match this model "
+                    f"(resize it with `model.resize_token_embeddings(len(tokenizer))`)."
+                )
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_tower_hidden_states: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TwoTowerModelOutputWithPast | tuple:
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+        self._check_inputs(input_ids, inputs_embeds, past_seen_tokens)
+
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, towers * hidden]
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)  # one slot per depth: towers are folded into heads
+        if position_ids is None:
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+            position_ids = position_ids.unsqueeze(0)
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+
+        embeddings = self.dropout(self.embed_norm(inputs_embeds + self.embed_positions(position_ids)))
+        hidden_states = self.tower_proj(embeddings.expand(self.config.num_towers, *embeddings.shape))
+        all_hidden_states = (embeddings,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, attn_weights = layer(
+                hidden_states, attention_mask=causal_mask, cache=cache, output_attentions=output_attentions
+            )
+            if output_hidden_states:
+                all_hidden_states += (_concat_towers(hidden_states),)
+            if output_attentions:
+                all_attentions += (attn_weights,)
+
+        fused_hidden_states = self.fusion_norm(_concat_towers(hidden_states))
+        output = TwoTowerModelOutputWithPast(
+            last_hidden_state=fused_hidden_states,
+            cache=cache if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            tower_hidden_states=hidden_states if output_tower_hidden_states else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+def _concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:
+    # [towers, batch, seq, hidden] -> [batch, seq, towers * hidden], tower 0 first
+    num_towers, batch, seq, hidden = hidden_states.shape
+    return hidden_states.permute(1, 2, 0, 3).reshape(batch, seq, num_towers * hidden)
+
+
+class TwoTowerForCausalLM(TwoTowerPreTrainedModel, GenerationMixin):
+    """
+    The two-tower causal LM: towers -> concatenation -> LayerNorm -> Linear + GELU -> LayerNorm -> decoder tied
+    to the shared embedding, plus an output bias. `probes` hold one untrained probe per tower until the probe
+    phase trains them; `probe_logprobs` is what the preference measurement reads.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__(config)
+        self.model = TwoTowerModel(config)
+        self.fusion_dense = nn.Linear(config.fused_hidden_size, config.fused_hidden_size)
+        self.fusion_act = ACT2FN[config.hidden_act]
+        self.fusion_output_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+        self.lm_head = nn.Linear(config.fused_hidden_size, config.vocab_size, bias=True)  # bias: the output bias
+        self.probes = TwoTowerProbes(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_tower_hidden_states: bool = False,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> TwoTowerCausalLMOutputWithPast | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `[batch, seq]`, *optional*):
+            Next-token targets, shifted inside the model (pass `labels=input_ids`); -100 is ignored. With
+            `num_items_in_batch` the loss is the sum over tokens divided by it (gradient accumulation).
+        output_tower_hidden_states (`bool`, *optional*):
+            Also return each tower's final hidden states, [num_towers, batch, seq, hidden].
+
+        Example:
+
+        ```python
+        >>> import torch
+        >>> from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+        >>> model = TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=128)).eval()
+        >>> input_ids = torch.tensor([[5, 17, 42, 8]])
+        >>> output = model(input_ids, labels=input_ids, output_tower_hidden_states=True)
+        >>> output.logits.shape, output.tower_hidden_states.shape
+        (torch.Size([1, 4, 128]), torch.Size([2, 1, 4, 64]))
+        ```
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if labels is not None and reference is not None and labels.shape != reference.shape[:2]:
+            raise ValueError(
+                f"`labels` has shape {tuple(labels.shape)} but the inputs have shape {tuple(reference.shape[:2])}; "
+                f"pass labels aligned with input_ids (the model shifts them itself)."
+            )
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_tower_hidden_states=output_tower_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        fused_hidden_states = self.fusion_output_norm(self.fusion_act(self.fusion_dense(hidden_states)))
+        logits = self.lm_head(fused_hidden_states)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+
+        output = TwoTowerCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            tower_hidden_states=outputs.tower_hidden_states,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def probe_features(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
+        fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        batch, seq, _ = fused.shape
+        return fused.view(batch, seq, self.config.num_towers, -1).permute(2, 0, 1, 3)
+
+    def probe_logprobs(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """
+        Each probe's log-probability of the next token, [num_towers, batch, seq - 1], float32.
+
+        Entry [i, b, t] is log p_probe_i(labels[b, t + 1] | tokens <= t). `labels` default to `input_ids`;
+        entries whose target is -100 (or padding, where `attention_mask` is 0) are 0.0. The vocabulary
+        projection is chunked (see `TwoTowerProbes.forward`), so memory stays bounded on long inputs.
+        """
+        labels = input_ids if labels is None else labels
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
+        targets = labels[:, 1:]
+        if attention_mask is not None:
+            targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
+        features = self.probe_features(input_ids, attention_mask)[:, :, :-1]
+        return self.probes(features, targets, chunk_size=chunk_size)
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the shared embedding, the tied decoder, its output bias and every probe's vocabulary projection."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        decoder = self.probes.decoder
+        old_vocab_size = decoder.weight.shape[1]
+        new_vocab_size = self.config.vocab_size
+        if new_vocab_size != old_vocab_size:
+            resized = TwoTowerBatchedLinear(self.config.num_towers, self.config.hidden_size, new_vocab_size)
+            resized.to(device=decoder.weight.device, dtype=decoder.weight.dtype)
+            self._init_weights(resized)
+            kept = min(old_vocab_size, new_vocab_size)
+            with torch.no_grad():
+                resized.weight[:, :kept] = decoder.weight[:, :kept]
+                resized.bias[:, :kept] = decoder.bias[:, :kept]
+            self.probes.decoder = resized
+        return embeddings
+
+
+__all__ = ["TwoTowerPreTrainedModel", "TwoTowerModel", "TwoTowerForCausalLM", "TwoTowerProbes"]
