@@ -1,8 +1,46 @@
+"""twotower: the two-tower language model (He & Toyoizumi, arXiv 2210.07041) for the Hugging Face ecosystem."""
+
+from pathlib import Path
+
 from setuptools import setup
 
 setup(
     name="twotower",
     version="0.1.0",
-    packages=["modeling_twotower", "twotower.training", "twotower.evaluation"],
+    description="Two-tower language models and the tower-preference measurement, for Hugging Face Transformers",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    # The folders keep the layout of the design (modeling_twotower/, training/, evaluation/); training and
+    # evaluation install under the `twotower` namespace so that they never shadow other packages' modules.
+    packages=["modeling_twotower", "twotower.training", "twotower.evaluation", "twotower.evaluation.tower_preference"],
     package_dir={"twotower.training": "training", "twotower.evaluation": "evaluation"},
+    package_data={
+        "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],
+        "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py"],
+    },
+    install_requires=[
+        "torch>=2.4",
+        "transformers>=5.0,<6",
+        "accelerate>=1.10,<2",
+        "datasets>=4.0,<6",
+        "evaluate>=0.4.6,<0.5",
+        "huggingface-hub>=1.0,<3",
+        "safetensors>=0.4",
+        "tokenizers>=0.22",
+        "numpy>=1.26",
+        "scipy>=1.11",
+        "pandas>=2.0",
+        "matplotlib>=3.8",
+        "tensorboard>=2.15",
+        "pyyaml>=6.0",
+        "tqdm>=4.66",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
 )

@@ -87,7 +87,9 @@ class TwoTowerBatchedLayerNorm(nn.Module):
 def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     # query [batch, towers * heads, q_len, head_dim]; key, value [batch, towers * heads, kv_len, head_dim]
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # an SDPA-style mask: True = attend
+        attn_weights = attn_weights.masked_fill(~attention_mask, torch.finfo(attn_weights.dtype).min)
+    elif attention_mask is not None:
         attn_weights = attn_weights + attention_mask
     attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
@@ -346,6 +348,8 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             attention_mask=attention_mask,
             cache=cache,
             position_ids=position_ids,
+            # attention weights come from the eager path, which needs the mask SDPA would skip
+            allow_is_causal_skip=not output_attentions,
         )
 
         embeddings = self.dropout(self.embed_norm(inputs_embeds + self.embed_positions(position_ids)))

@@ -1,0 +1,24 @@
+"""Shared fixtures: paths into ../shared/data (never copied into the repo) and offline mode."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the network: the Hub is unreachable on CI machines.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+SHARED_DATA = Path(os.environ.get("TWOTOWER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"Shared data not found at {SHARED_DATA}; set TWOTOWER_SHARED_DATA to the shared/data folder.")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer_dir(shared_data) -> Path:
+    return shared_data / "tokenizers" / "gpt2"

@@ -1,0 +1,448 @@
+"""TwoTowerConfig and TwoTowerForCausalLM: architecture, equivalences, generation, saving and loading."""
+
+import importlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.nn import functional as F
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, pipeline
+
+import modeling_twotower
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
+
+# Odd sizes, so that a mis-reshaped tensor fails loudly (transformers' causal_lm_tester does the same).
+BATCH, SEQ, VOCAB, HIDDEN, LAYERS, HEADS, FFN = 3, 7, 99, 12, 2, 3, 37
+
+
+def tiny_config(**kwargs):
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=FFN,
+        max_position_embeddings=32,
+    )
+    return TwoTowerConfig(**{**fields, **kwargs})
+
+
+def tiny_model(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return TwoTowerForCausalLM(tiny_config(**kwargs)).eval()
+
+
+def random_ids(batch=BATCH, seq=SEQ, seed=1, vocab=VOCAB):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_presets_match_the_paper():
+    base = TwoTowerConfig.from_preset("base")
+    assert (base.num_hidden_layers, base.num_attention_heads, base.hidden_size, base.intermediate_size) == (
+        12,
+        12,
+        384,
+        1536,
+    )
+    assert (base.max_position_embeddings, base.vocab_size, base.num_towers, base.fused_hidden_size) == (
+        128,
+        30528,
+        2,
+        768,
+    )
+    large = TwoTowerConfig.from_preset("large", num_towers=3)
+    assert (large.num_hidden_layers, large.num_attention_heads, large.hidden_size, large.intermediate_size) == (
+        24,
+        16,
+        512,
+        2048,
+    )
+    assert large.num_towers == 3 and large.fused_hidden_size == 1536
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        TwoTowerConfig.from_preset("huge")
+
+
+def test_model_type_is_namespaced_and_config_round_trips(tmp_path):
+    assert TwoTowerConfig.model_type not in {"twotower", "two_tower"}
+    config = tiny_config(num_towers=3)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, TwoTowerConfig)
+    assert {k: v for k, v in loaded.to_diff_dict().items() if k != "_name_or_path"} == config.to_diff_dict()
+    assert loaded.num_towers == 3 and loaded.use_cache is True
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(hidden_size=13), "hidden_size.*divisible by `num_attention_heads`"),
+        (dict(num_towers=1), "num_towers.*>= 2"),
+        (dict(num_hidden_layers=0), "num_hidden_layers.*positive"),
+        (dict(intermediate_size=-4), "intermediate_size.*positive"),
+        (dict(vocab_size=0), "vocab_size.*positive"),
+        (dict(hidden_act="swishy"), "Unknown `hidden_act` 'swishy'"),
+        (dict(hidden_dropout=1.5), "hidden_dropout.*\\[0, 1\\)"),
+    ],
+)
+def test_invalid_config_raises_a_clear_error(fields, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**fields)
+
+
+# ---------------------------------------------------------------- architecture
+
+
+def test_parameters_follow_the_paper_architecture():
+    model = tiny_model(num_towers=3)
+    fused = 3 * HIDDEN
+    assert model.model.embed_tokens.weight.shape == (VOCAB, fused)
+    assert model.model.embed_positions.weight.shape == (32, fused)
+    assert model.model.tower_proj.weight.shape == (3, HIDDEN, fused)
+    assert model.model.layers[0].mlp.up_proj.weight.shape == (3, FFN, HIDDEN)
+    assert model.fusion_dense.weight.shape == (fused, fused)
+    # decoder tied to the shared embedding (one tensor), plus an output bias initialised to zero
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.bias.shape == (VOCAB,) and torch.count_nonzero(model.lm_head.bias) == 0
+    # one untied probe per tower reading one tower's slice
+    assert model.probes.dense.weight.shape == (3, HIDDEN, HIDDEN)
+    assert model.probes.decoder.weight.shape == (3, VOCAB, HIDDEN)
+    std = model.model.layers[1].self_attn.q_proj.weight.std().item()
+    assert abs(std - model.config.initializer_range) < 0.005
+
+
+def _reference_tower(model, tower_idx, input_ids, params):
+    """One tower computed alone from its sliced weights, with plain torch ops (independent of the model code)."""
+    config = model.config
+    batch, seq = input_ids.shape
+    embeddings = model.model.embed_tokens(input_ids) + model.model.embed_positions(torch.arange(seq))
+    embeddings = model.model.embed_norm(embeddings)
+
+    def linear(name, x):
+        return x @ params[name + ".weight"].T + params[name + ".bias"]
+
+    def layer_norm(name, x):
+        return F.layer_norm(x, (x.shape[-1],), params[name + ".weight"], params[name + ".bias"], config.layer_norm_eps)
+
+    hidden = linear("model.tower_proj", embeddings)
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        x = layer_norm(prefix + "input_layernorm", hidden)
+        q, k, v = (
+            linear(prefix + f"self_attn.{p}_proj", x).view(batch, seq, config.num_attention_heads, -1).transpose(1, 2)
+            for p in "qkv"
+        )
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(config.head_dim)
+        attn = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        hidden = hidden + linear(prefix + "self_attn.o_proj", attn.transpose(1, 2).reshape(batch, seq, -1))
+        x = layer_norm(prefix + "post_attention_layernorm", hidden)
+        hidden = hidden + linear(prefix + "mlp.down_proj", F.gelu(linear(prefix + "mlp.up_proj", x)))
+    return hidden
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_batched_towers_equal_each_tower_run_alone_forward_and_backward(num_towers):
+    model = tiny_model(num_towers=num_towers)
+    input_ids = random_ids()
+    tower_names = [n for n, _ in model.named_parameters() if n.startswith(("model.tower_proj", "model.layers"))]
+    weights = torch.randn(num_towers, BATCH, SEQ, HIDDEN, generator=torch.Generator().manual_seed(3))
+
+    towers = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
+    assert towers.shape == (num_towers, BATCH, SEQ, HIDDEN)
+    (towers * weights).sum().backward()
+    model_grads = {n: p.grad for n, p in model.named_parameters() if n in tower_names}
+
+    for tower_idx in range(num_towers):
+        params = {
+            n: p.detach()[tower_idx].clone().requires_grad_() for n, p in model.named_parameters() if n in tower_names
+        }
+        reference = _reference_tower(model, tower_idx, input_ids, params)
+        torch.testing.assert_close(towers[tower_idx], reference, rtol=1e-5, atol=1e-5)
+        (reference * weights[tower_idx]).sum().backward()
+        for name in tower_names:
+            torch.testing.assert_close(model_grads[name][tower_idx], params[name].grad, rtol=1e-4, atol=1e-6)
+
+
+def test_perturbing_one_tower_leaves_the_others_unchanged():
+    model = tiny_model()
+    input_ids = random_ids()
+    before = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.up_proj.weight[0] += 0.5
+    after = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
+    assert not torch.allclose(before[0], after[0])
+    torch.testing.assert_close(before[1], after[1], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- forward outputs
+
+
+def test_loss_is_shifted_next_token_cross_entropy_with_ignored_labels():
+    model = tiny_model()
+    input_ids = random_ids()
+    labels = input_ids.clone()
+    labels[0, 3] = -100
+    output = model(input_ids, labels=labels)
+    logits = output.logits[:, :-1].reshape(-1, VOCAB)
+    targets = labels[:, 1:].reshape(-1)
+    expected = F.cross_entropy(logits, targets, ignore_index=-100)
+    torch.testing.assert_close(output.loss, expected)
+    summed = model(input_ids, labels=labels, num_items_in_batch=torch.tensor(40)).loss
+    torch.testing.assert_close(summed, F.cross_entropy(logits, targets, reduction="sum") / 40)
+
+
+def test_hidden_states_attentions_and_tuple_outputs():
+    model = tiny_model()
+    input_ids = random_ids()
+    output = model(input_ids, output_hidden_states=True, output_attentions=True)
+    assert len(output.hidden_states) == LAYERS + 1
+    assert all(h.shape == (BATCH, SEQ, 2 * HIDDEN) for h in output.hidden_states)
+    assert len(output.attentions) == LAYERS
+    attention = output.attentions[0]
+    assert attention.shape == (BATCH, 2 * HEADS, SEQ, SEQ)  # towers folded into heads, tower-major
+    torch.testing.assert_close(attention.sum(-1), torch.ones(BATCH, 2 * HEADS, SEQ))
+    assert torch.count_nonzero(attention.triu(1)) == 0  # causal
+    as_tuple = model(input_ids, return_dict=False, use_cache=False)
+    torch.testing.assert_close(as_tuple[0], output.logits)
+    base = TwoTowerModel(model.config)
+    assert base(input_ids).last_hidden_state.shape == (BATCH, SEQ, 2 * HIDDEN)
+
+
+def test_inputs_embeds_equal_input_ids_and_batch_equals_single_examples():
+    model = tiny_model()
+    input_ids = random_ids()
+    logits = model(input_ids).logits
+    embeds = model.get_input_embeddings()(input_ids)
+    torch.testing.assert_close(model(inputs_embeds=embeds).logits, logits)
+    for b in range(BATCH):
+        torch.testing.assert_close(model(input_ids[b : b + 1]).logits[0], logits[b], rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_and_eager_agree():
+    sdpa = tiny_model()
+    eager = tiny_model()
+    eager.set_attn_implementation("eager")
+    assert sdpa.config._attn_implementation == "sdpa"
+    input_ids = random_ids()
+    torch.testing.assert_close(sdpa(input_ids).logits, eager(input_ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_every_parameter_receives_a_gradient():
+    model = tiny_model().train()
+    input_ids = random_ids()
+    loss = model(input_ids, labels=input_ids).loss - model.probe_logprobs(input_ids).sum()
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or torch.count_nonzero(p.grad) == 0]
+    assert missing == []
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    input_ids = random_ids()
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(hidden_dropout=0.0, attention_dropout=0.0).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.model.layers[0].gradient_checkpointing
+        model(input_ids, labels=input_ids).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- probes
+
+
+def test_probe_logprobs_equal_full_log_softmax_and_are_chunked():
+    model = tiny_model(num_towers=3)
+    input_ids = random_ids()
+    labels = input_ids.clone()
+    labels[1, 4] = -100
+    features = model.probe_features(input_ids)
+    fused = model.model(input_ids).last_hidden_state
+    torch.testing.assert_close(features[2], fused[..., 2 * HIDDEN :])
+    full = model.probes.logits(features[:, :, :-1]).log_softmax(-1)  # [towers, batch, seq-1, vocab]
+    expected = full.gather(-1, labels[:, 1:].clamp(min=0).expand(3, -1, -1).unsqueeze(-1)).squeeze(-1)
+    expected[:, 1, 3] = 0.0
+
+    seen_rows = []
+    hook = model.probes.decoder.register_forward_hook(lambda m, i, o: seen_rows.append(i[0].shape[1]))
+    logprobs = model.probe_logprobs(input_ids, labels=labels, chunk_size=4)
+    hook.remove()
+    assert logprobs.shape == (3, BATCH, SEQ - 1)
+    torch.testing.assert_close(logprobs, expected, rtol=1e-5, atol=1e-5)
+    assert max(seen_rows) == 4 and sum(seen_rows) == BATCH * (SEQ - 1)
+    torch.testing.assert_close(model.probe_logprobs(input_ids, labels=labels), logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_probe_logprobs_ignore_padding_and_train_only_the_probes():
+    model = tiny_model()
+    input_ids = random_ids()
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, -2:] = 0
+    logprobs = model.probe_logprobs(input_ids, attention_mask=attention_mask)
+    assert torch.count_nonzero(logprobs[:, 0, -2:]) == 0
+    assert torch.all(logprobs[:, 1:] < 0)
+    model.requires_grad_(False)
+    model.probes.requires_grad_(True)
+    (-logprobs.sum() - model.probe_logprobs(input_ids).sum()).backward()
+    assert all(p.grad is not None for p in model.probes.parameters())
+    assert all(p.grad is None for n, p in model.named_parameters() if not n.startswith("probes."))
+
+
+# ---------------------------------------------------------------- generation
+
+
+def test_greedy_generation_with_cache_equals_without_cache():
+    model = tiny_model()
+    input_ids = random_ids(seq=5)
+    with_cache = model.generate(input_ids, max_new_tokens=8, do_sample=False)
+    without_cache = model.generate(input_ids, max_new_tokens=8, do_sample=False, use_cache=False)
+    assert with_cache.shape == (BATCH, 13)
+    assert torch.equal(with_cache, without_cache)
+    # legacy keyword still reaches the cache until transformers 5.40
+    cached = model(input_ids, use_cache=True)
+    step = model(with_cache[:, 5:6], past_key_values=cached.cache)
+    torch.testing.assert_close(step.logits[:, -1], model(with_cache[:, :6]).logits[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_left_padded_batch_generates_like_each_prompt_alone():
+    model = tiny_model(pad_token_id=0)
+    prompts = [random_ids(1, 6, seed=4)[0].clamp(min=1), random_ids(1, 3, seed=5)[0].clamp(min=1)]
+    input_ids = torch.zeros(2, 6, dtype=torch.long)
+    attention_mask = torch.zeros(2, 6, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, -len(prompt) :] = prompt
+        attention_mask[row, -len(prompt) :] = 1
+    batched = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(prompt[None], max_new_tokens=6, do_sample=False)
+        assert torch.equal(batched[row, -6:], alone[0, -6:])
+
+
+def test_text_generation_pipeline(gpt2_tokenizer_dir):
+    tokenizer = GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir)
+    assert len(tokenizer) == 50257
+    model = tiny_model(vocab_size=50304, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    text = generator("The towers", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    expected = model.generate(tokenizer("The towers", return_tensors="pt").input_ids, max_new_tokens=5, do_sample=False)
+    assert text == tokenizer.decode(expected[0])
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="Token id 99 is outside \\[0, 99\\)"):
+        model(torch.tensor([[1, 99]]))
+    with pytest.raises(ValueError, match="Token id -1 is outside"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="Sequence length 33 .* exceeds max_position_embeddings=32"):
+        model(torch.ones(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="`labels` has shape \\(3, 6\\) but the inputs have shape \\(3, 7\\)"):
+        model(random_ids(), labels=random_ids(seq=6))
+    with pytest.raises(ValueError, match="exactly one of `input_ids` or `inputs_embeds`"):
+        model.model()
+
+
+# ---------------------------------------------------------------- saving, loading, sharing
+
+
+def test_save_and_load_reproduce_logits_exactly_through_auto_classes(tmp_path):
+    model = tiny_model()
+    input_ids = random_ids()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_twotower.TwoTowerForCausalLM"
+    assert (tmp_path / "modeling_twotower.py").exists() and (tmp_path / "configuration_twotower.py").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded) is TwoTowerForCausalLM and not loaded.training
+    assert torch.equal(loaded(input_ids).logits, model(input_ids).logits)
+    assert torch.equal(loaded.probe_logprobs(input_ids), model.probe_logprobs(input_ids))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert type(AutoModel.from_pretrained(tmp_path)) is TwoTowerModel
+
+
+def test_registration_tolerates_a_second_import():
+    importlib.reload(modeling_twotower)
+    fields = {k: v for k, v in tiny_config().to_diff_dict().items() if k != "model_type"}
+    config = AutoConfig.for_model(TwoTowerConfig.model_type, **fields)
+    assert type(AutoModelForCausalLM.from_config(config)).__name__ == "TwoTowerForCausalLM"
+
+
+def test_loads_as_hub_custom_code_where_the_package_is_not_importable(tmp_path):
+    model = tiny_model()
+    input_ids = random_ids()
+    model.save_pretrained(tmp_path / "model")
+    torch.save({"input_ids": input_ids, "logits": model(input_ids).logits}, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["modeling_twotower"] = None  # the package must not be importable here
+        try:
+            import modeling_twotower
+        except ImportError:
+            pass
+        else:
+            raise SystemExit("modeling_twotower is importable")
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True)
+        expected = torch.load("expected.pt")
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        assert torch.equal(model(expected["input_ids"]).logits, expected["logits"])
+        print("remote code OK", type(model).__name__)
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "remote code OK TwoTowerForCausalLM" in result.stdout
+
+
+def test_loading_in_bfloat16(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    model = TwoTowerForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    logits = model(random_ids()).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    assert model.probe_logprobs(random_ids()).dtype == torch.float32
+
+
+def test_device_map_auto_uses_no_split_modules(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    model = TwoTowerForCausalLM.from_pretrained(tmp_path, device_map="auto")
+    assert set(model._no_split_modules) == {"TwoTowerDecoderLayer"}
+    assert torch.equal(model(random_ids()).logits, tiny_model()(random_ids()).logits)
+
+
+def test_resize_token_embeddings_resizes_everything_sized_by_the_vocabulary():
+    model = tiny_model()
+    input_ids = random_ids()
+    logits = model(input_ids).logits
+    probe_logits = model.probes.logits(model.probe_features(input_ids))
+    model.resize_token_embeddings(VOCAB + 29, pad_to_multiple_of=64)
+    assert model.config.vocab_size == 128
+    assert model.model.embed_tokens.weight.shape == (128, 2 * HIDDEN)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.bias.shape == (128,)
+    assert model.probes.decoder.weight.shape == (2, 128, HIDDEN)
+    torch.testing.assert_close(model(input_ids).logits[..., :VOCAB], logits)
+    new_probe_logits = model.probes.logits(model.probe_features(input_ids))
+    torch.testing.assert_close(new_probe_logits[..., :VOCAB], probe_logits)
+    model(torch.tensor([[127, 100]]))  # new ids are now in range
