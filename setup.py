@@ -37,7 +37,7 @@ setup(
         "pyyaml>=6.0",
         "tqdm>=4.66",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={"lm-eval": ["lm-eval>=0.4.13,<0.5"], "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "License :: OSI Approved :: Apache Software License",
