@@ -13,7 +13,11 @@ PRESETS = {
     "large": dict(
         hidden_size=512, num_hidden_layers=24, num_attention_heads=16, intermediate_size=2048, vocab_size=30528
     ),
+    # ELMo-style towers: 2 LSTM layers of model width 256, cells of 2048 / 4096 projected back to 256.
+    "elmo-base": dict(tower_type="lstm", hidden_size=256, num_hidden_layers=2, lstm_hidden_size=2048, vocab_size=30528),
+    "elmo-large": dict(tower_type="lstm", hidden_size=256, num_hidden_layers=2, lstm_hidden_size=4096, vocab_size=30528),
 }
+TOWER_TYPES = ("transformer", "lstm")
 
 
 class TwoTowerConfig(PretrainedConfig):
@@ -46,6 +50,10 @@ class TwoTowerConfig(PretrainedConfig):
         num_attention_heads: int = 12,  # heads per tower
         intermediate_size: int = 1536,  # MLP width of one tower
         num_towers: int = 2,  # 2 in the paper; 3 or more also work
+        tower_type: str = "transformer",  # transformer (BERT/GPT-style) | lstm (ELMo-style)
+        lstm_hidden_size: int | None = None,  # lstm towers: cell size, projected back to hidden_size (4 * h if None)
+        bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
+        cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
         hidden_act: str = "gelu",  # any key of transformers.activations.ACT2FN
         max_position_embeddings: int = 128,  # the paper's context length
         hidden_dropout: float = 0.1,  # embeddings, residual branches and fusion head
@@ -65,6 +73,10 @@ class TwoTowerConfig(PretrainedConfig):
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
         self.num_towers = num_towers
+        self.tower_type = tower_type
+        self.lstm_hidden_size = lstm_hidden_size
+        self.bidirectional = bidirectional
+        self.cooperative = cooperative
         self.hidden_act = hidden_act
         self.max_position_embeddings = max_position_embeddings
         self.hidden_dropout = hidden_dropout
@@ -73,6 +85,8 @@ class TwoTowerConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.use_cache = use_cache
         self._validate_architecture()
+        if not cooperative:
+            tie_word_embeddings = False  # the control has per-tower LM heads, nothing to tie
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -92,7 +106,7 @@ class TwoTowerConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> "TwoTowerConfig":
-        """A config of the paper's sizes (`"base"`, `"large"`) or the CPU-sized `"tiny"`; kwargs override fields."""
+        """The paper's sizes (`base`, `large`, `elmo-base`, `elmo-large`) or CPU-sized `tiny`; kwargs override fields."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **kwargs})
@@ -114,6 +128,17 @@ class TwoTowerConfig(PretrainedConfig):
                 f"({self.num_attention_heads}); change one of them, e.g. hidden_size="
                 f"{self.num_attention_heads * max(1, round(self.hidden_size / self.num_attention_heads))}."
             )
+        if self.tower_type not in TOWER_TYPES:
+            raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_TYPES)}.")
+        if self.tower_type == "lstm":
+            self.lstm_hidden_size = self.lstm_hidden_size or 4 * self.hidden_size
+            # LSTM state is not a key/value cache: generation recomputes the prefix at every step.
+            self.use_cache = False
+        elif self.lstm_hidden_size is not None:
+            raise ValueError(
+                f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to tower_type='lstm'; drop it for "
+                f"transformer towers (their MLP width is `intermediate_size`)."
+            )
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"Unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)}.")
         for field in ("hidden_dropout", "attention_dropout"):
@@ -122,4 +147,4 @@ class TwoTowerConfig(PretrainedConfig):
                 raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
 
 
-__all__ = ["TwoTowerConfig", "PRESETS"]
+__all__ = ["TwoTowerConfig", "PRESETS", "TOWER_TYPES"]

@@ -7,6 +7,7 @@ fusion head.
 """
 
 from collections.abc import Callable
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,13 +19,14 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_twotower import TwoTowerConfig
+from .lstm_towers import TwoTowerLSTMTowers
 
 # Budget for one chunk of probe logits, [towers, positions, vocab] in float32 (256 MiB).
 PROBE_LOGITS_CHUNK_BYTES = 256 * 2**20
@@ -107,7 +109,7 @@ class TwoTowerAttention(nn.Module):
         self.num_towers = config.num_towers
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
-        self.is_causal = True
+        self.is_causal = not config.bidirectional
         self.q_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
         self.k_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
         self.v_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
@@ -187,7 +189,8 @@ class TwoTowerProbes(nn.Module):
     One probe per tower (Linear, GELU, LayerNorm, Linear to the vocabulary; not tied), all towers batched.
 
     Each probe reads only its tower's slice of the normalized concatenation. Probes are trained in the probe
-    phase on a frozen model and are what the preference measurement reads.
+    phase on a frozen model and are what the preference measurement reads. The independent-towers control
+    uses the same module as its per-tower LM heads.
     """
 
     def __init__(self, config: TwoTowerConfig):
@@ -212,7 +215,7 @@ class TwoTowerProbes(nn.Module):
         Each probe's log-probability of `target_ids`.
 
         Args:
-            features: [towers, batch, seq, hidden], from `TwoTowerForCausalLM.probe_features`.
+            features: [towers, batch, seq, hidden], from `probe_features` of the LM classes.
             target_ids: [batch, seq], aligned with `features`; -100 marks positions to skip (they give 0.0).
             chunk_size: positions per chunk of the vocabulary projection; by default chosen so one chunk of
                 [towers, chunk, vocab] float32 logits stays under 256 MiB. [towers, batch, seq, vocab] logits
@@ -254,12 +257,12 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
     config_class = TwoTowerConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["TwoTowerDecoderLayer"]
+    _no_split_modules = ["TwoTowerDecoderLayer", "TwoTowerLSTMTowers"]
     _supports_sdpa = True
     _supports_attention_backend = True
 
     def _init_weights(self, module):
-        super()._init_weights(module)  # nn.Linear (incl. the decoder's output bias), nn.Embedding, *LayerNorm
+        super()._init_weights(module)  # nn.Linear (incl. the decoder's output bias), nn.Embedding, *LayerNorm, LSTM
         if isinstance(module, TwoTowerBatchedLinear):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             init.zeros_(module.bias)
@@ -272,16 +275,25 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
     """Shared embedding, per-tower projections and stacks, and the normalized concatenation of the towers."""
 
     def __init__(self, config: TwoTowerConfig):
+        if config.bidirectional is None:
+            config.bidirectional = False
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.fused_hidden_size, config.pad_token_id)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.fused_hidden_size)
         self.embed_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.fused_hidden_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
-        )
-        self.fusion_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+        if config.tower_type == "lstm":
+            self.lstm_towers = TwoTowerLSTMTowers(config)
+        else:
+            self.layers = nn.ModuleList(
+                [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+            )
+        if config.cooperative:
+            self.fusion_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+        else:
+            # The control shares nothing after the embedding, not even normalization statistics.
+            self.fusion_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -291,9 +303,16 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def _check_inputs(self, input_ids, inputs_embeds, past_seen_tokens):
+    def _check_inputs(self, input_ids, inputs_embeds, past_seen_tokens, use_cache, output_attentions):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        if self.config.tower_type == "lstm" and (use_cache or output_attentions):
+            option = "use_cache" if use_cache else "output_attentions"
+            raise ValueError(
+                f"`{option}=True` does not apply to LSTM towers (no attention, no key/value cache); drop it."
+            )
+        if self.config.bidirectional and use_cache:
+            raise ValueError("`use_cache=True` needs causal towers; a bidirectional (masked) model has no cache.")
         seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         if past_seen_tokens + seq_len > self.config.max_position_embeddings:
             raise ValueError(
@@ -310,6 +329,24 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
                     f"Token id {bad} is outside [0, {vocab_size}); the tokenizer does not match this model "
                     f"(resize it with `model.resize_token_embeddings(len(tokenizer))`)."
                 )
+
+    def _attention_mask(self, inputs_embeds, attention_mask, cache, position_ids, output_attentions):
+        # Attention weights come from the eager path, which needs the mask SDPA would skip.
+        if self.config.bidirectional:
+            return create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                allow_is_bidirectional_skip=not output_attentions,
+            )
+        return create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+            allow_is_causal_skip=not output_attentions,
+        )
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -333,7 +370,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-        self._check_inputs(input_ids, inputs_embeds, past_seen_tokens)
+        self._check_inputs(input_ids, inputs_embeds, past_seen_tokens, use_cache, output_attentions)
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, towers * hidden]
@@ -342,30 +379,30 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            cache=cache,
-            position_ids=position_ids,
-            # attention weights come from the eager path, which needs the mask SDPA would skip
-            allow_is_causal_skip=not output_attentions,
-        )
 
         embeddings = self.dropout(self.embed_norm(inputs_embeds + self.embed_positions(position_ids)))
         hidden_states = self.tower_proj(embeddings.expand(self.config.num_towers, *embeddings.shape))
         all_hidden_states = (embeddings,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(
-                hidden_states, attention_mask=causal_mask, cache=cache, output_attentions=output_attentions
-            )
+        if self.config.tower_type == "lstm":
+            hidden_states = self.lstm_towers(hidden_states)
             if output_hidden_states:
                 all_hidden_states += (_concat_towers(hidden_states),)
-            if output_attentions:
-                all_attentions += (attn_weights,)
+        else:
+            mask = self._attention_mask(inputs_embeds, attention_mask, cache, position_ids, output_attentions)
+            for layer in self.layers:
+                hidden_states, attn_weights = layer(
+                    hidden_states, attention_mask=mask, cache=cache, output_attentions=output_attentions
+                )
+                if output_hidden_states:
+                    all_hidden_states += (_concat_towers(hidden_states),)
+                if output_attentions:
+                    all_attentions += (attn_weights,)
 
-        fused_hidden_states = self.fusion_norm(_concat_towers(hidden_states))
+        if self.config.cooperative:
+            fused_hidden_states = self.fusion_norm(_concat_towers(hidden_states))
+        else:
+            fused_hidden_states = _concat_towers(self.fusion_norm(hidden_states))
         output = TwoTowerModelOutputWithPast(
             last_hidden_state=fused_hidden_states,
             cache=cache if use_cache else None,
@@ -382,30 +419,128 @@ def _concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states.permute(1, 2, 0, 3).reshape(batch, seq, num_towers * hidden)
 
 
-class TwoTowerForCausalLM(TwoTowerPreTrainedModel, GenerationMixin):
+class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
     """
-    The two-tower causal LM: towers -> concatenation -> LayerNorm -> Linear + GELU -> LayerNorm -> decoder tied
-    to the shared embedding, plus an output bias. `probes` hold one untrained probe per tower until the probe
-    phase trains them; `probe_logprobs` is what the preference measurement reads.
+    What the causal and masked two-tower LMs share: the towers, the head that turns them into logits, the
+    probes, and resizing. Cooperative (the paper): concatenation -> LayerNorm -> Linear + GELU -> LayerNorm ->
+    decoder tied to the shared embedding, plus an output bias. Control (`cooperative=False`): each tower has
+    its own LM head (probe-shaped, untied) and its own loss, the losses summed; the logits are the towers'
+    equal-weight mixture.
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    towers_bidirectional = False  # what the objective needs of the towers
 
     def __init__(self, config: TwoTowerConfig):
+        if config.bidirectional is None:
+            config.bidirectional = self.towers_bidirectional
+        if config.bidirectional != self.towers_bidirectional:
+            wanted = "TwoTowerForMaskedLM" if config.bidirectional else "TwoTowerForCausalLM"
+            raise ValueError(
+                f"{type(self).__name__} needs bidirectional={self.towers_bidirectional} towers but the config has "
+                f"bidirectional={config.bidirectional}; use {wanted}, or leave `bidirectional` unset."
+            )
         super().__init__(config)
         self.model = TwoTowerModel(config)
-        self.fusion_dense = nn.Linear(config.fused_hidden_size, config.fused_hidden_size)
-        self.fusion_act = ACT2FN[config.hidden_act]
-        self.fusion_output_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
-        self.lm_head = nn.Linear(config.fused_hidden_size, config.vocab_size, bias=True)  # bias: the output bias
+        if config.cooperative:
+            self.fusion_dense = nn.Linear(config.fused_hidden_size, config.fused_hidden_size)
+            self.fusion_act = ACT2FN[config.hidden_act]
+            self.fusion_output_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+            self.lm_head = nn.Linear(config.fused_hidden_size, config.vocab_size, bias=True)  # bias: output bias
+        else:
+            self.tower_lm_heads = TwoTowerProbes(config)
         self.probes = TwoTowerProbes(config)
         self.post_init()
 
     def get_output_embeddings(self):
-        return self.lm_head
+        return self.lm_head if self.config.cooperative else None
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
+
+    def _split_towers(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
+        # [batch, seq, towers * hidden] -> [towers, batch, seq, hidden]
+        batch, seq, _ = fused_hidden_states.shape
+        return fused_hidden_states.view(batch, seq, self.config.num_towers, -1).permute(2, 0, 1, 3)
+
+    def _logits(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.config.cooperative:
+            fused_hidden_states = self.fusion_output_norm(self.fusion_act(self.fusion_dense(fused_hidden_states)))
+            return self.lm_head(fused_hidden_states)
+        tower_logprobs = self.tower_lm_heads.logits(self._split_towers(fused_hidden_states)).float().log_softmax(-1)
+        return torch.logsumexp(tower_logprobs, dim=0) - math.log(self.config.num_towers)
+
+    def _control_loss(self, fused_hidden_states, target_ids, num_items_in_batch=None):
+        """Sum over towers of each tower's own token-mean cross-entropy (independent-towers control)."""
+        gold_logprobs = self.tower_lm_heads(self._split_towers(fused_hidden_states), target_ids)
+        num_items = num_items_in_batch if num_items_in_batch is not None else target_ids.ne(-100).sum()
+        return -gold_logprobs.sum() / num_items
+
+    def _lm_forward(self, input_ids, labels, target_ids, logits_to_keep, model_kwargs, loss_kwargs):
+        """Run the towers, the head and the loss; `target_ids` are the labels aligned with each position."""
+        reference = input_ids if input_ids is not None else model_kwargs.get("inputs_embeds")
+        if labels is not None and reference is not None and labels.shape != reference.shape[:2]:
+            raise ValueError(
+                f"`labels` has shape {tuple(labels.shape)} but the inputs have shape {tuple(reference.shape[:2])}; "
+                f"pass labels aligned with input_ids."
+            )
+        outputs = self.model(input_ids=input_ids, return_dict=True, **model_kwargs)
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self._logits(hidden_states)
+
+        loss = None
+        if labels is not None and self.config.cooperative:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
+        elif labels is not None:
+            loss = self._control_loss(outputs.last_hidden_state, target_ids(labels), loss_kwargs.get("num_items_in_batch"))
+        return TwoTowerCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            tower_hidden_states=outputs.tower_hidden_states,
+        )
+
+    def probe_features(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
+        fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self._split_towers(fused)
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the shared embedding, the tied decoder and its output bias, and every probe-shaped head."""
+        old_vocab_size = self.config.vocab_size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.vocab_size != old_vocab_size:
+            self.probes.decoder = self._resized_decoder(self.probes.decoder)
+            if not self.config.cooperative:
+                self.tower_lm_heads.decoder = self._resized_decoder(self.tower_lm_heads.decoder)
+        return embeddings
+
+    def _resized_decoder(self, decoder: TwoTowerBatchedLinear) -> TwoTowerBatchedLinear:
+        resized = TwoTowerBatchedLinear(self.config.num_towers, self.config.hidden_size, self.config.vocab_size)
+        resized.to(device=decoder.weight.device, dtype=decoder.weight.dtype)
+        self._init_weights(resized)
+        kept = min(decoder.weight.shape[1], self.config.vocab_size)
+        with torch.no_grad():
+            resized.weight[:, :kept] = decoder.weight[:, :kept]
+            resized.bias[:, :kept] = decoder.bias[:, :kept]
+        return resized
+
+
+class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
+    """
+    The two-tower causal LM (GPT-style transformer towers, or forward LSTM towers). `probes` hold one probe
+    per tower, untrained until the probe phase; `probe_logprobs` is what the preference measurement reads.
+    """
+
+    towers_bidirectional = False
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -444,14 +579,7 @@ class TwoTowerForCausalLM(TwoTowerPreTrainedModel, GenerationMixin):
         ```
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if labels is not None and reference is not None and labels.shape != reference.shape[:2]:
-            raise ValueError(
-                f"`labels` has shape {tuple(labels.shape)} but the inputs have shape {tuple(reference.shape[:2])}; "
-                f"pass labels aligned with input_ids (the model shifts them itself)."
-            )
-        outputs = self.model(
-            input_ids=input_ids,
+        model_kwargs = dict(
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
@@ -460,37 +588,9 @@ class TwoTowerForCausalLM(TwoTowerPreTrainedModel, GenerationMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_tower_hidden_states=output_tower_hidden_states,
-            return_dict=True,
         )
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
-        fused_hidden_states = self.fusion_output_norm(self.fusion_act(self.fusion_dense(hidden_states)))
-        logits = self.lm_head(fused_hidden_states)
-
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-
-        output = TwoTowerCausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            tower_hidden_states=outputs.tower_hidden_states,
-        )
+        output = self._lm_forward(input_ids, labels, _next_token_targets, logits_to_keep, model_kwargs, kwargs)
         return output if return_dict else output.to_tuple()
-
-    def probe_features(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
-        fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        batch, seq, _ = fused.shape
-        return fused.view(batch, seq, self.config.num_towers, -1).permute(2, 0, 1, 3)
 
     def probe_logprobs(
         self,
@@ -515,22 +615,89 @@ class TwoTowerForCausalLM(TwoTowerPreTrainedModel, GenerationMixin):
         features = self.probe_features(input_ids, attention_mask)[:, :, :-1]
         return self.probes(features, targets, chunk_size=chunk_size)
 
-    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
-        """Resize the shared embedding, the tied decoder, its output bias and every probe's vocabulary projection."""
-        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        decoder = self.probes.decoder
-        old_vocab_size = decoder.weight.shape[1]
-        new_vocab_size = self.config.vocab_size
-        if new_vocab_size != old_vocab_size:
-            resized = TwoTowerBatchedLinear(self.config.num_towers, self.config.hidden_size, new_vocab_size)
-            resized.to(device=decoder.weight.device, dtype=decoder.weight.dtype)
-            self._init_weights(resized)
-            kept = min(old_vocab_size, new_vocab_size)
-            with torch.no_grad():
-                resized.weight[:, :kept] = decoder.weight[:, :kept]
-                resized.bias[:, :kept] = decoder.bias[:, :kept]
-            self.probes.decoder = resized
-        return embeddings
+
+def _next_token_targets(labels: torch.LongTensor) -> torch.LongTensor:
+    # position t predicts labels[t + 1]; the last position predicts nothing
+    return F.pad(labels[:, 1:], (0, 1), value=-100)
 
 
-__all__ = ["TwoTowerPreTrainedModel", "TwoTowerModel", "TwoTowerForCausalLM", "TwoTowerProbes"]
+class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
+    """
+    The two-tower masked LM (the paper's main, BERT-style model): bidirectional transformer towers, or
+    ELMo-style forward + backward LSTM towers where position t reads its left and right context only.
+    Labels are the original ids at the positions to predict (-100 elsewhere), not shifted.
+    """
+
+    towers_bidirectional = True
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_tower_hidden_states: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TwoTowerCausalLMOutputWithPast | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `[batch, seq]`, *optional*):
+            The original token ids at masked positions and -100 elsewhere (transformers'
+            `DataCollatorForLanguageModeling` makes them); with `num_items_in_batch` the loss is a sum over
+            tokens divided by it.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        model_kwargs = dict(
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            output_tower_hidden_states=output_tower_hidden_states,
+        )
+        output = self._lm_forward(input_ids, labels, lambda labels: labels, 0, model_kwargs, kwargs)
+        return output if return_dict else output.to_tuple()
+
+    def probe_logprobs(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """
+        Each probe's log-probability of the original token at every labelled position, [num_towers, batch, seq].
+
+        `input_ids` hold the masked sequence and `labels` the original ids at masked positions (-100
+        elsewhere); unlabelled and padding positions give 0.0.
+        """
+        if labels is None:
+            raise ValueError(
+                "A masked LM's probes score masked positions: pass `labels` (original ids where input_ids hold the "
+                "mask token, -100 elsewhere)."
+            )
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
+        if attention_mask is not None:
+            labels = labels.masked_fill(attention_mask == 0, -100)
+        return self.probes(self.probe_features(input_ids, attention_mask), labels, chunk_size=chunk_size)
+
+    def generate(self, *args, **kwargs):
+        raise TypeError(
+            "TwoTowerForMaskedLM is a masked LM and cannot generate text; fill masks from `model(...).logits`, or "
+            "train a TwoTowerForCausalLM to generate."
+        )
+
+
+__all__ = [
+    "TwoTowerPreTrainedModel",
+    "TwoTowerModel",
+    "TwoTowerLMHeadModel",
+    "TwoTowerForCausalLM",
+    "TwoTowerForMaskedLM",
+    "TwoTowerProbes",
+]

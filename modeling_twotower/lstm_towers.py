@@ -1,0 +1,61 @@
+"""ELMo-style LSTM towers of the two-tower model (PAPER.md: 2 LSTM layers, width 256, cells of 2048 or 4096)."""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .configuration_twotower import TwoTowerConfig
+
+
+def _tower_lstm(config: TwoTowerConfig) -> nn.LSTM:
+    # Cells of lstm_hidden_size, projected back to the tower width (proj_size), as in ELMo.
+    return nn.LSTM(
+        input_size=config.hidden_size,
+        hidden_size=config.lstm_hidden_size,
+        num_layers=config.num_hidden_layers,
+        proj_size=config.hidden_size,
+        dropout=config.hidden_dropout if config.num_hidden_layers > 1 else 0.0,
+        batch_first=True,
+    )
+
+
+class TwoTowerLSTMTowers(nn.Module):
+    """
+    Every tower's multi-layer LSTM; hidden states [towers, batch, seq, hidden] in and out.
+
+    Causal (`bidirectional=False`): position t is the forward LSTM's state after token t (it predicts t + 1).
+    Bidirectional (ELMo-style): each tower also runs a backward LSTM, and position t combines the forward
+    state at t - 1 with the backward state at t + 1, so the prediction for token t never reads token t.
+
+    cuDNN/oneDNN LSTM kernels take one sequence batch per call, so the towers run one after the other here;
+    this is the only place in the model where towers are a Python loop.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.bidirectional = bool(config.bidirectional)
+        self.forward_lstms = nn.ModuleList([_tower_lstm(config) for _ in range(config.num_towers)])
+        if self.bidirectional:
+            self.backward_lstms = nn.ModuleList([_tower_lstm(config) for _ in range(config.num_towers)])
+            # [left; right] context of one tower -> its width, one Linear per tower
+            self.context_proj = nn.ModuleList(
+                [nn.Linear(2 * config.hidden_size, config.hidden_size) for _ in range(config.num_towers)]
+            )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        outputs = []
+        for tower_idx, forward_lstm in enumerate(self.forward_lstms):
+            tower_inputs = hidden_states[tower_idx]  # [batch, seq, hidden]
+            left_to_right, _ = forward_lstm(tower_inputs)
+            if not self.bidirectional:
+                outputs.append(left_to_right)
+                continue
+            right_to_left, _ = self.backward_lstms[tower_idx](tower_inputs.flip(1))
+            right_to_left = right_to_left.flip(1)
+            left_context = F.pad(left_to_right[:, :-1], (0, 0, 1, 0))  # state after t - 1; zeros at t = 0
+            right_context = F.pad(right_to_left[:, 1:], (0, 0, 0, 1))  # state after t + 1; zeros at the end
+            outputs.append(self.context_proj[tower_idx](torch.cat([left_context, right_context], dim=-1)))
+        return torch.stack(outputs)  # [towers, batch, seq, hidden]
+
+
+__all__ = ["TwoTowerLSTMTowers"]

@@ -1,0 +1,181 @@
+"""The paper's other towers: masked-LM (BERT-style), LSTM (ELMo-style) and the independent-towers control."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.nn import functional as F
+from transformers import AutoModelForMaskedLM
+
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+
+BATCH, SEQ, VOCAB = 3, 9, 101
+
+
+def tiny_config(**kwargs):
+    fields = dict(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    return TwoTowerConfig(**{**fields, **kwargs})
+
+
+def build(model_class, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return model_class(tiny_config(**kwargs)).eval()
+
+
+def random_ids(seed=1, seq=SEQ):
+    return torch.randint(0, VOCAB, (BATCH, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def changed_at(input_ids, position):
+    changed = input_ids.clone()
+    changed[:, position] = (changed[:, position] + 1) % VOCAB
+    return changed
+
+
+def lstm_fields(**kwargs):
+    return dict(tower_type="lstm", lstm_hidden_size=20, **kwargs)
+
+
+def test_masked_lm_towers_are_bidirectional_and_the_loss_is_unshifted():
+    model = build(TwoTowerForMaskedLM)
+    assert model.config.bidirectional is True and model.model.layers[0].self_attn.is_causal is False
+    input_ids = random_ids()
+    logits = model(input_ids).logits
+    later_changed = model(changed_at(input_ids, SEQ - 1)).logits
+    assert not torch.allclose(logits[:, 0], later_changed[:, 0])  # position 0 reads the last token
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 2] = input_ids[:, 2]
+    labels[:, 5] = input_ids[:, 5]
+    loss = model(input_ids, labels=labels).loss
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1)))
+
+
+def test_masked_lm_probes_score_labelled_positions_only():
+    model = build(TwoTowerForMaskedLM)
+    input_ids = random_ids()
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 4] = input_ids[:, 4]
+    logprobs = model.probe_logprobs(input_ids, labels=labels)
+    assert logprobs.shape == (2, BATCH, SEQ)
+    expected = model.probes.logits(model.probe_features(input_ids))[:, :, 4].log_softmax(-1)
+    expected = expected.gather(-1, input_ids[:, 4].expand(2, -1).unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logprobs[:, :, 4], expected, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(logprobs[:, :, [0, 1, 2, 3, 5, 6, 7, 8]]) == 0
+
+
+def test_bidirectional_lstm_prediction_for_a_position_never_reads_its_own_token():
+    model = build(TwoTowerForMaskedLM, **lstm_fields())
+    input_ids = random_ids()
+    logits = model(input_ids).logits
+    for position in (0, 4, SEQ - 1):
+        changed = model(changed_at(input_ids, position)).logits
+        torch.testing.assert_close(changed[:, position], logits[:, position], rtol=0, atol=0)
+    # but it reads both neighbours
+    assert not torch.allclose(model(changed_at(input_ids, 3)).logits[:, 4], logits[:, 4])
+    assert not torch.allclose(model(changed_at(input_ids, 5)).logits[:, 4], logits[:, 4])
+
+
+def test_causal_lstm_reads_only_the_past_and_generates():
+    model = build(TwoTowerForCausalLM, **lstm_fields())
+    assert model.config.use_cache is False and len(model.model.lstm_towers.forward_lstms) == 2
+    input_ids = random_ids()
+    logits = model(input_ids).logits
+    changed = model(changed_at(input_ids, 5)).logits
+    torch.testing.assert_close(changed[:, :5], logits[:, :5], rtol=0, atol=0)
+    assert not torch.allclose(changed[:, 5], logits[:, 5])
+    generated = model.generate(input_ids[:, :4], max_new_tokens=5, do_sample=False)
+    sequence = input_ids[:, :4]
+    for _ in range(5):
+        sequence = torch.cat([sequence, model(sequence).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, sequence)
+
+
+@pytest.mark.parametrize("model_class", [TwoTowerForCausalLM, TwoTowerForMaskedLM])
+def test_control_towers_share_nothing_after_the_embedding(model_class):
+    model = build(model_class, cooperative=False)
+    assert not hasattr(model, "lm_head") and not model.config.tie_word_embeddings
+    input_ids = random_ids()
+    before = model.probe_features(input_ids)
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.bias[1] += 1.0
+    after = model.probe_features(input_ids)
+    torch.testing.assert_close(after[0], before[0], rtol=0, atol=0)
+    assert not torch.allclose(after[1], before[1])
+
+
+def test_control_loss_is_the_sum_of_each_towers_own_loss():
+    model = build(TwoTowerForCausalLM, cooperative=False)
+    input_ids = random_ids()
+    output = model(input_ids, labels=input_ids)
+    features = model.probe_features(input_ids)
+    tower_losses = [
+        F.cross_entropy(model.tower_lm_heads.logits(features)[tower, :, :-1].reshape(-1, VOCAB), input_ids[:, 1:].reshape(-1))
+        for tower in range(2)
+    ]
+    torch.testing.assert_close(output.loss, sum(tower_losses), rtol=1e-5, atol=1e-5)
+    # logits are the towers' equal-weight mixture, a proper distribution
+    torch.testing.assert_close(output.logits.exp().sum(-1), torch.ones(BATCH, SEQ), rtol=1e-5, atol=1e-5)
+
+
+def test_options_that_do_not_fit_a_variant_fail_clearly():
+    with pytest.raises(TypeError, match="masked LM and cannot generate"):
+        build(TwoTowerForMaskedLM).generate(random_ids())
+    with pytest.raises(ValueError, match="`output_attentions=True` does not apply to LSTM towers"):
+        build(TwoTowerForCausalLM, **lstm_fields())(random_ids(), output_attentions=True)
+    with pytest.raises(ValueError, match="`use_cache=True` does not apply to LSTM towers"):
+        build(TwoTowerForCausalLM, **lstm_fields())(random_ids(), use_cache=True)
+    with pytest.raises(ValueError, match="`lstm_hidden_size`=20 only applies to tower_type='lstm'"):
+        tiny_config(lstm_hidden_size=20)
+    with pytest.raises(ValueError, match="Unknown `tower_type` 'gru'"):
+        tiny_config(tower_type="gru")
+    with pytest.raises(ValueError, match="TwoTowerForCausalLM needs bidirectional=False towers"):
+        TwoTowerForCausalLM(tiny_config(bidirectional=True))
+    with pytest.raises(ValueError, match="pass `labels`"):
+        build(TwoTowerForMaskedLM).probe_logprobs(random_ids())
+
+
+def test_every_variant_round_trips_through_save_and_remote_code(tmp_path):
+    variants = {
+        "masked": (TwoTowerForMaskedLM, {}),
+        "elmo": (TwoTowerForMaskedLM, lstm_fields()),
+        "lstm_causal": (TwoTowerForCausalLM, lstm_fields()),
+        "control": (TwoTowerForCausalLM, dict(cooperative=False)),
+    }
+    input_ids = random_ids()
+    expected = {}
+    for name, (model_class, fields) in variants.items():
+        model = build(model_class, **fields)
+        model.save_pretrained(tmp_path / name)
+        expected[name] = model(input_ids).logits
+        loaded = model_class.from_pretrained(tmp_path / name)
+        assert torch.equal(loaded(input_ids).logits, expected[name])
+    assert type(AutoModelForMaskedLM.from_pretrained(tmp_path / "masked")) is TwoTowerForMaskedLM
+    torch.save({"input_ids": input_ids, **expected}, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["modeling_twotower"] = None  # the package must not be importable here
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+        expected = torch.load("expected.pt")
+        auto = {"masked": AutoModelForMaskedLM, "elmo": AutoModelForMaskedLM,
+                "lstm_causal": AutoModelForCausalLM, "control": AutoModelForCausalLM}
+        for name, auto_class in auto.items():
+            model = auto_class.from_pretrained(name, trust_remote_code=True)
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            assert torch.equal(model(expected["input_ids"]).logits, expected[name]), name
+        print("remote code OK")
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "remote code OK" in result.stdout
