@@ -28,6 +28,7 @@ setup(
         "datasets>=4.0,<6",
         "evaluate>=0.4.6,<0.5",
         "huggingface-hub>=1.0,<3",
+        "jinja2>=3.1",  # huggingface_hub's ModelCard.from_template
         "safetensors>=0.4",
         "tokenizers>=0.22",
         "numpy>=1.26",

@@ -4,10 +4,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 # Tests never touch the network: the Hub is unreachable on CI machines.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Tiny test models spend more time synchronising threads than computing; one thread per process (subprocesses
+# such as the 2-process torchrun runs inherit it) is many times faster on a 2-core machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 SHARED_DATA = Path(os.environ.get("TWOTOWER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
