@@ -122,7 +122,7 @@ class TwoTowerConfig(PretrainedConfig):
                 f"`num_towers` must be an integer >= 2 (a two-tower model needs at least two towers), "
                 f"got {self.num_towers!r}."
             )
-        if self.hidden_size % self.num_attention_heads != 0:
+        if self.tower_type == "transformer" and self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
                 f"({self.num_attention_heads}); change one of them, e.g. hidden_size="

@@ -42,6 +42,13 @@ def lstm_fields(**kwargs):
     return dict(tower_type="lstm", lstm_hidden_size=20, **kwargs)
 
 
+@pytest.mark.parametrize("preset, lstm_hidden_size", [("elmo-base", 2048), ("elmo-large", 4096)])
+def test_elmo_presets_follow_the_paper(preset, lstm_hidden_size):
+    config = TwoTowerConfig.from_preset(preset)
+    assert (config.tower_type, config.hidden_size, config.num_hidden_layers) == ("lstm", 256, 2)
+    assert config.lstm_hidden_size == lstm_hidden_size and config.use_cache is False
+
+
 def test_masked_lm_towers_are_bidirectional_and_the_loss_is_unshifted():
     model = build(TwoTowerForMaskedLM)
     assert model.config.bidirectional is True and model.model.layers[0].self_attn.is_causal is False
