@@ -1,0 +1,300 @@
+"""The report folder of a scored model: preference.json, a per-token table, PNG plots and report.md.
+
+Layout (every file written atomically: a temporary file in the same folder, then os.replace):
+
+    preference.json             {"model", "data", "settings", "perplexity": {"joint", "probes"}, "summary"}
+    preference_per_token.csv    one row per observed token type (see PER_TOKEN_COLUMNS)
+    logprob_scatter.png         per token type: mean log-prob under one tower against another, with the diagonal
+    preference_histogram.png    distribution of the preference over eligible token types
+    preference_vs_frequency.png preference against log10 of the token type's count
+    report.md                   the numbers, the plots and each tower's top tokens
+
+`plot_preference_comparison` draws the scatter plot of twotower.evaluation.compare.
+"""
+
+import itertools
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib import pyplot as plt  # noqa: E402
+
+
+PREFERENCE_JSON = "preference.json"
+PER_TOKEN_CSV = "preference_per_token.csv"
+REPORT_MD = "report.md"
+PLOTS = {
+    "logprob_scatter": "logprob_scatter.png",
+    "preference_histogram": "preference_histogram.png",
+    "preference_vs_frequency": "preference_vs_frequency.png",
+}
+TOWER_COLORS = plt.get_cmap("tab10").colors
+PER_TOKEN_COLUMNS = (
+    "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "
+    "(one per tower t), preferred_tower, p_value, eligible, significant"
+)
+
+
+def write_atomically(path, write):
+    """Call write(file_path) on a temporary path in path's folder, then rename it to path."""
+    path = Path(path)
+    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_text(path, text):
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def per_token_table(result, tokens):
+    """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order."""
+    columns = {"token_id": result.token_ids, "token": tokens, "count": result.count}
+    for name in ("mean_logprob", "preference_nats", "standard_error"):
+        for tower_idx, values in enumerate(getattr(result, name)):
+            columns[f"{name}_tower{tower_idx}"] = values
+    columns.update(
+        preferred_tower=result.preferred_tower,
+        p_value=result.p_value,
+        eligible=result.eligible,
+        significant=result.significant,
+    )
+    return pd.DataFrame(columns)
+
+
+def tower_columns(table, name):
+    """[towers, types] array of the per-tower columns `name`_tower0, `name`_tower1, ... of a per-token table."""
+    num_towers = sum(column.startswith(f"{name}_tower") for column in table.columns)
+    return np.stack([table[f"{name}_tower{tower_idx}"].to_numpy() for tower_idx in range(num_towers)])
+
+
+def save_figure(figure, path):
+    write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    plt.close(figure)
+
+
+def _tower_color(tower_idx):
+    return TOWER_COLORS[tower_idx % len(TOWER_COLORS)]
+
+
+def _shown_preferences(preference):
+    """The rows worth plotting: with two towers tower 1's preference mirrors tower 0's, so tower 0 alone."""
+    return preference[:1] if preference.shape[0] == 2 else preference
+
+
+def plot_logprob_scatter(table, path):
+    """Per token type, mean log-prob under tower i (x) against tower j (y) for every pair of towers, with y = x."""
+    mean_logprob = tower_columns(table, "mean_logprob")
+    preferred = table["preferred_tower"].to_numpy()
+    pairs = list(itertools.combinations(range(mean_logprob.shape[0]), 2))
+    figure, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 5), squeeze=False)
+    low, high = mean_logprob.min(), mean_logprob.max()
+    for axis, (first, second) in zip(axes[0], pairs):
+        for tower_idx in np.unique(preferred):
+            prefers = preferred == tower_idx
+            axis.scatter(
+                mean_logprob[first, prefers], mean_logprob[second, prefers], s=6, alpha=0.6, linewidths=0,
+                color=_tower_color(tower_idx), label=f"prefers tower {tower_idx}",
+            )
+        axis.plot([low, high], [low, high], color="black", linewidth=0.8, label="equal log-prob")
+        axis.set_xlabel(f"mean log-prob, tower {first} probe (nats)")
+        axis.set_ylabel(f"mean log-prob, tower {second} probe (nats)")
+        axis.set_title("one point per token type")
+        axis.legend(loc="upper left")
+    save_figure(figure, path)
+
+
+def plot_preference_histogram(table, path):
+    """Histogram of the preference over eligible token types (one histogram per tower beyond two towers)."""
+    preference = tower_columns(table[table["eligible"]], "preference_nats")
+    shown = _shown_preferences(preference)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    bins = np.linspace(shown.min(), shown.max(), 60) if shown.size and np.ptp(shown) > 0 else 10
+    for tower_idx, values in enumerate(shown):
+        axis.hist(values, bins=bins, alpha=0.6, color=_tower_color(tower_idx), label=f"tower {tower_idx}")
+    axis.axvline(0.0, color="black", linewidth=0.8)
+    axis.set_xlabel(_preference_label(preference.shape[0]))
+    axis.set_ylabel("eligible token types")
+    if len(shown) > 1:
+        axis.legend()
+    save_figure(figure, path)
+
+
+def plot_preference_vs_frequency(table, path):
+    """Each token type's preference against log10 of its count (types below min_count drawn faint)."""
+    preference = tower_columns(table, "preference_nats")
+    log_count = np.log10(table["count"].to_numpy())
+    eligible = table["eligible"].to_numpy()
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for tower_idx, values in enumerate(_shown_preferences(preference)):
+        color = _tower_color(tower_idx)
+        label = f"tower {tower_idx}" if preference.shape[0] > 2 else "eligible"
+        axis.scatter(log_count[eligible], values[eligible], s=6, color=color, alpha=0.6, linewidths=0, label=label)
+        axis.scatter(log_count[~eligible], values[~eligible], s=6, color=color, alpha=0.15, linewidths=0)
+    axis.axhline(0.0, color="black", linewidth=0.8)
+    axis.set_xlabel("log10(count of the token type)")
+    axis.set_ylabel(_preference_label(preference.shape[0]))
+    axis.set_title("faint: below min_count")
+    axis.legend()
+    save_figure(figure, path)
+
+
+def plot_preference_comparison(preference_a, preference_b, comparison, path):
+    """Per shared token type, run A's preference against run B's matched tower (for two towers: tower 0 only)."""
+    shown = range(len(_shown_preferences(preference_a)))
+    figure, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 5), squeeze=False)
+    for axis, tower_idx in zip(axes[0], shown):
+        matched = comparison["tower_mapping"][tower_idx]
+        correlation = comparison["correlation_matrix"][tower_idx][matched]
+        axis.scatter(preference_a[tower_idx], preference_b[matched], s=6, alpha=0.6, linewidths=0)
+        axis.axhline(0.0, color="black", linewidth=0.8)
+        axis.axvline(0.0, color="black", linewidth=0.8)
+        axis.set_xlabel(f"first report: preference of tower {tower_idx} (nats)")
+        axis.set_ylabel(f"second report: preference of tower {matched} (nats)")
+        axis.set_title(f"r = {correlation:.3f} over {comparison['num_shared_types']} token types")
+    save_figure(figure, path)
+
+
+def _preference_description(num_towers):
+    if num_towers == 2:
+        return "tower 0's mean log-probability minus tower 1's"
+    return "a tower's mean log-probability minus the mean of the other towers'"
+
+
+def _preference_label(num_towers):
+    if num_towers == 2:
+        return "preference (nats): tower 0 minus tower 1"
+    return "preference (nats): tower minus the others"
+
+
+def _markdown_token(token):
+    """A token string as a Markdown table cell: a code span with pipes escaped and backticks replaced."""
+    return "`" + str(token).replace("`", "'").replace("|", "\\|") + "`"
+
+
+def _objective_lines(report):
+    """What the model predicts and how the scored predictions were made (reports before objectives had none)."""
+    settings = report.get("settings", {})
+    if "objective" not in settings:
+        return []
+    model = report["model"]
+    kind = f"{model.get('tower_type', 'transformer')} towers" + (
+        "" if model.get("cooperative", True) else ", independent-towers control (no cooperation)"
+    )
+    return [f"Objective: {settings['objective']} LM ({kind}). Masking: {settings['masking']}.", ""]
+
+
+def render_markdown(report, table):
+    """report.md: model and data, perplexities, the summary, the plots and each tower's top tokens."""
+    summary, perplexity = report["summary"], report["perplexity"]
+    num_towers = summary["num_towers"]
+    tokens = dict(zip(table["token_id"], table["token"]))
+    counts = dict(zip(table["token_id"], table["count"]))
+    p_values = dict(zip(table["token_id"], table["p_value"]))
+
+    def number(value, digits=3):
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        "# Tower preference report",
+        "",
+        f"Model: `{report['model']['path']}` ({num_towers} towers). Data: {report['data']['description']}, "
+        f"{report['data']['num_blocks']} blocks of {report['data']['block_size']} tokens, "
+        f"{summary['num_predictions']} predictions of {summary['num_token_types']} token types.",
+        "",
+        *_objective_lines(report),
+        "## Perplexity",
+        "",
+        "| model | perplexity |",
+        "|---|---|",
+        f"| joint model | {number(perplexity['joint'], 2)} |",
+        *[f"| probe of tower {t} | {number(value, 2)} |" for t, value in enumerate(perplexity["probes"])],
+        "",
+        "## Preference",
+        "",
+        f"The preference of a token type is {_preference_description(num_towers)}, in nats, over its occurrences. "
+        f"Token types seen at least {summary['min_count']} times are eligible ({summary['num_eligible_types']}; "
+        f"{summary['num_excluded_types']} excluded).",
+        "",
+        "| tower | share of token types | share of occurrences | significant types |",
+        "|---|---|---|---|",
+        *[
+            f"| {t} | {number(summary['type_share_preferring'][t])} "
+            f"| {number(summary['occurrence_share_preferring'][t])} | {summary['num_significant_preferring'][t]} |"
+            for t in range(num_towers)
+        ],
+        "",
+        f"- mean absolute preference: {number(summary['mean_abs_preference_nats'])} nats",
+        f"- significant after Benjamini-Hochberg at alpha = {summary['alpha']}: {summary['num_significant']} "
+        f"types ({number(summary['significant_share'])} of eligible)",
+        f"- split-half consistency (correlation of the preference on interleaved halves of each type's "
+        f"occurrences): {number(summary['split_half_consistency'])}",
+        f"- Sarle's bimodality coefficient: {number(summary['bimodality_coefficient'])} "
+        "(above 0.556 suggests two modes)",
+        "",
+        f"![mean log-prob per token type]({PLOTS['logprob_scatter']})",
+        "",
+        f"![preference histogram]({PLOTS['preference_histogram']})",
+        "",
+        f"![preference vs frequency]({PLOTS['preference_vs_frequency']})",
+        "",
+    ]
+    for tower_idx, (token_ids, preferences) in enumerate(zip(summary["top_token_ids"], summary["top_preference_nats"])):
+        lines += [
+            f"## Top tokens of tower {tower_idx}",
+            "",
+            "| token | id | count | preference (nats) | p-value |",
+            "|---|---|---|---|---|",
+            *[
+                f"| {_markdown_token(tokens[token_id])} | {token_id} | {counts[token_id]} | {preference:.3f} "
+                f"| {p_values[token_id]:.2g} |"
+                for token_id, preference in zip(token_ids, preferences)
+            ],
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write_report(output_dir, report, result, tokens):
+    """Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report = {**report, "summary": result.summary}
+    table = per_token_table(result, tokens)
+    write_text(output_dir / PREFERENCE_JSON, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    write_atomically(output_dir / PER_TOKEN_CSV, lambda tmp: table.to_csv(tmp, index=False))
+    plot_logprob_scatter(table, output_dir / PLOTS["logprob_scatter"])
+    plot_preference_histogram(table, output_dir / PLOTS["preference_histogram"])
+    plot_preference_vs_frequency(table, output_dir / PLOTS["preference_vs_frequency"])
+    write_text(output_dir / REPORT_MD, render_markdown(report, table))
+    return output_dir
+
+
+def load_report(report_dir):
+    """(preference.json as a dict, the per-token table as a DataFrame) of a report folder."""
+    report_dir = Path(report_dir)
+    missing = [name for name in (PREFERENCE_JSON, PER_TOKEN_CSV) if not (report_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{report_dir} is not a tower preference report (missing {missing}); pass a folder written by "
+            "`python -m twotower.evaluation.score`."
+        )
+    report = json.loads((report_dir / PREFERENCE_JSON).read_text(encoding="utf-8"))
+    # empty cells are missing numbers, but token strings stay as written ("nan" and "null" are tokens too)
+    columns = pd.read_csv(report_dir / PER_TOKEN_CSV, nrows=0).columns
+    missing_numbers = {column: [""] for column in columns if column != "token"}
+    table = pd.read_csv(report_dir / PER_TOKEN_CSV, keep_default_na=False, na_values=missing_numbers)
+    return report, table

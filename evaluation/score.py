@@ -1,0 +1,313 @@
+"""
+Score a two-tower model that has trained probes: each probe's log-probability of every gold token of a dataset,
+the joint model's and each probe's perplexity, the tower preference statistics, and a report folder
+(preference.json, preference_per_token.csv, PNG plots, report.md; see twotower.evaluation.report).
+
+The data options are the training command's: the same flags select the same held-out blocks (the validation
+split, or the blocks held out of the training text with a fixed seed). A local --validation_file alone is
+enough to score that text.
+
+One CPU, a model trained with the tiny recipes:
+    python -m twotower.evaluation.score --model_dir outputs/tiny-probe/model --output_dir outputs/tiny-report \
+        --validation_file ../shared/data/wikitext-2/valid.txt
+
+A masked LM (BERT-style) is scored in deterministic masking passes that mask every token exactly once
+(--mask_passes, 7 by default: pass k masks the positions p with p % 7 == k); an ELMo-style LSTM model never
+reads the token it predicts, so it is scored in one unmasked pass. preference.json and report.md say which.
+
+One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat16:
+    python -m twotower.evaluation.score --model_dir outputs/base-probe/model --output_dir outputs/base-report \
+        --dataset_name wikitext --dataset_config_name wikitext-103-raw-v1 --dtype bfloat16 --batch_size 128
+"""
+
+import dataclasses
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser
+
+from modeling_twotower import TwoTowerConfig
+from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
+from twotower.training.phases import MODEL_CLASSES
+from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
+
+from .report import write_report
+from .tower_preference.preference_stats import PreferenceAccumulator
+
+
+SPLITS = ("validation", "train")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TRAINING_CONFIG_NAME = "training_config.yaml"  # saved beside the model by the training command
+# the ScoringArguments fields recorded in preference.json under "data" and "settings"
+DATA_FIELDS = (
+    "dataset_name", "dataset_config_name", "text_column_name", "train_file", "validation_file",
+    "validation_split_percentage", "split", "block_size", "max_blocks",
+)
+SETTINGS_FIELDS = ("batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k")
+DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
+
+
+@dataclass
+class ScoringArguments:
+    # I/O
+    model_dir: str  # folder of a two-tower model with trained probes (a probe run's OUTPUT_DIR/model)
+    output_dir: str  # the report folder to write
+
+    # data (the training command's options, so the same flags select the same blocks)
+    dataset_name: str = "wikitext"  # Hub dataset, used when train_file is not set
+    dataset_config_name: str | None = "wikitext-2-raw-v1"
+    text_column_name: str = "text"
+    train_file: str | None = None  # local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name
+    validation_file: str | None = None  # same forms; alone, it is the text scored; without it (or a validation
+    # split) blocks of the training text are held out
+    validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with training's fixed seed
+    split: str = "validation"  # validation | train: which blocks to score
+    block_size: int = 128  # tokens per sequence; at most the model's max_position_embeddings
+    max_blocks: int | None = None  # score only the first N blocks of the split; None = all
+    preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
+    overwrite_cache: bool = False  # re-tokenize instead of reusing the datasets cache
+
+    # masked LMs (transformer towers)
+    mask_passes: int = DEFAULT_MASK_PASSES  # pass k masks positions p with p % mask_passes == k: each token once
+
+    # compute
+    batch_size: int = 32  # sequences per forward pass
+    probe_chunk_size: int | None = None  # positions per chunk of the probes' vocabulary projection; None = auto
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the model's weights (log-probs are float32 either way)
+    cpu: bool = False  # score on CPU even when a GPU is present
+    disable_tqdm: bool = False
+
+    # statistics
+    alpha: float = 0.05  # false discovery rate of Benjamini-Hochberg
+    min_count: int = 10  # token types seen fewer times are excluded from shares, significance and consistency
+    top_k: int = 20  # top tokens listed per tower
+
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            raise ValueError(f"`split` is {self.split!r}; choose one of {list(SPLITS)}.")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"`dtype` is {self.dtype!r}; choose one of {list(DTYPES)}.")
+        for name in ("block_size", "batch_size", "mask_passes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)!r}.")
+        if self.max_blocks is not None and self.max_blocks <= 0:
+            raise ValueError(f"`max_blocks` must be a positive integer or None, got {self.max_blocks!r}.")
+
+
+def load_model(model_dir, dtype):
+    """The two-tower model of a folder, in eval mode; a clear error for anything else."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"--model_dir {model_dir!r} has no config.json; pass the `model` folder that a probe run saved "
+            "(OUTPUT_DIR/model)."
+        )
+    model_type = json.loads(config_file.read_text()).get("model_type")
+    if model_type != TwoTowerConfig.model_type:
+        raise ValueError(f"--model_dir {model_dir!r} holds a {model_type!r} model, not a two-tower model.")
+    training_config = Path(model_dir) / TRAINING_CONFIG_NAME
+    if training_config.is_file() and yaml.safe_load(training_config.read_text()).get("phase") != "probe":
+        warnings.warn(
+            f"{model_dir} was saved by a pretrain run: its probes are untrained, so the preference measures noise. "
+            "Score the model saved by the probe phase.",
+            stacklevel=2,
+        )
+    model_class = MODEL_CLASSES[objective_of(json.loads(config_file.read_text()))]
+    return model_class.from_pretrained(model_dir, dtype=dtype).eval()
+
+
+def load_blocks(args, tokenizer):
+    """The blocks of `args.split`, built exactly as the training command builds them."""
+    if args.split == "validation" and args.validation_file is not None:
+        return _validation_file_blocks(args, tokenizer)
+    raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file)
+    lm_datasets = tokenize_and_group(
+        raw_datasets, tokenizer, args.block_size, args.text_column_name, args.preprocessing_num_workers,
+        args.overwrite_cache,
+    )
+    caps = {"max_train_blocks": None, "max_eval_blocks": None}
+    caps["max_eval_blocks" if args.split == "validation" else "max_train_blocks"] = args.max_blocks
+    lm_datasets = split_blocks(lm_datasets, args.block_size, args.validation_split_percentage, **caps)
+    return lm_datasets[args.split]
+
+
+def _validation_file_blocks(args, tokenizer):
+    """The blocks of a local validation text: they depend on that text alone, so the training text is not read."""
+    # load_raw_datasets names the split of a lone local text "train"
+    raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, train_file=args.validation_file)
+    blocks = tokenize_and_group(
+        raw_datasets, tokenizer, args.block_size, args.text_column_name, args.preprocessing_num_workers,
+        args.overwrite_cache,
+    )["train"]
+    if len(blocks) == 0:
+        raise ValueError(
+            f"--validation_file {args.validation_file!r} gives no block of block_size={args.block_size} tokens; "
+            "give more text or a smaller --block_size."
+        )
+    return blocks.select(range(min(args.max_blocks, len(blocks)))) if args.max_blocks else blocks
+
+
+def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id):
+    """
+    (inputs, labels) of each pass over a batch [batch, seq]; together the passes score every token exactly once.
+
+    causal: one pass, every next token (labels = input_ids, shifted inside the model). masked with transformer
+    towers: pass k replaces the positions p with p % mask_passes == k by the mask token (no 80/10/10: the score
+    of a token must not depend on a random draw) and labels them. ELMo-style LSTM towers: one unmasked pass.
+    """
+    if not needs_masking(objective, tower_type):
+        yield input_ids, input_ids
+        return
+    position = torch.arange(input_ids.shape[1], device=input_ids.device)
+    for index in range(mask_passes):
+        masked = (position % mask_passes == index).expand_as(input_ids)  # [batch, seq]
+        yield input_ids.masked_fill(masked, mask_token_id), input_ids.masked_fill(~masked, -100)
+
+
+def masking_description(objective, tower_type, mask_passes):
+    """How the scored predictions were made, in words (preference.json settings and report.md)."""
+    if objective == "causal":
+        return "none: next-token prediction, every token after the first of each block scored once"
+    if tower_type == "lstm":
+        return "none: ELMo-style towers never read the token they predict; every token scored once, unmasked"
+    return (
+        f"{mask_passes} deterministic passes, each token masked once (pass k replaces the positions p with "
+        f"p % {mask_passes} == k by the mask token)"
+    )
+
+
+@torch.inference_mode()
+def score_blocks(model, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES,
+                 mask_token_id=None):
+    """
+    Run the probes and the joint model over every batch of blocks, in the scoring passes of the model's objective.
+
+    Returns the PreferenceAccumulator of all predictions and the token-weighted mean negative log-likelihood
+    of the joint model and of each probe ({"joint": float, "probes": [float per tower]}).
+    """
+    device = next(model.parameters()).device
+    num_towers = model.config.num_towers
+    objective = objective_of(model.config)
+    accumulator = PreferenceAccumulator(num_towers=num_towers, vocab_size=model.config.vocab_size)
+    joint_nll_sum, probe_nll_sums, num_targets = 0.0, np.zeros(num_towers), 0
+    for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
+        input_ids = batch["input_ids"].to(device)  # [batch, seq]; blocks hold no padding
+        for inputs, labels in scoring_passes(input_ids, objective, model.config.tower_type, mask_passes, mask_token_id):
+            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
+            scored = targets != -100
+            gold_logprobs = model.probe_logprobs(inputs, labels=labels, chunk_size=probe_chunk_size)
+            logits = predicting_positions(model(inputs).logits, objective, seq_dim=1)  # [batch, seq - shift, vocab]
+            joint_nll_sum += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+            probe_nll_sums -= gold_logprobs.double().sum(dim=(1, 2)).cpu().numpy()  # unscored entries are 0.0
+            num_targets += int(scored.sum())
+            accumulator.update(targets[scored].cpu().numpy(), gold_logprobs[:, scored].cpu().numpy())
+    mean_nll = {"joint": joint_nll_sum / num_targets, "probes": (probe_nll_sums / num_targets).tolist()}
+    return accumulator, mean_nll
+
+
+def _perplexity(mean_nll):
+    return math.exp(min(mean_nll, 700.0))  # exp overflows past ~709
+
+
+def _data_description(args):
+    """Which text was scored, in words (for report.md)."""
+    if args.split == "validation" and args.validation_file is not None:
+        return f"local text {args.validation_file}"
+    if args.train_file is not None:
+        if args.split == "train":
+            return f"local text {args.train_file}"
+        return f"the {args.validation_split_percentage:g}% of blocks held out of local text {args.train_file}"
+    config_name = f" ({args.dataset_config_name})" if args.dataset_config_name else ""
+    return f"{args.split} split of {args.dataset_name}{config_name}"
+
+
+def score_model(model_dir, output_dir, **options):
+    """
+    Score `model_dir` and write the report folder `output_dir`; `options` are ScoringArguments' other fields.
+
+    Returns the report: {"model", "data", "settings", "perplexity": {"joint", "probes"}, "summary"}, as written
+    to output_dir/preference.json.
+    """
+    args = ScoringArguments(model_dir=str(model_dir), output_dir=str(output_dir), **options)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    model = load_model(args.model_dir, DTYPES[args.dtype]).to(device)
+    objective, tower_type = objective_of(model.config), model.config.tower_type
+    tokenizer = load_tokenizer(args.model_dir)
+    check_tokenizer_fits(tokenizer, model.config.vocab_size)
+    if needs_masking(objective, tower_type) and tokenizer.mask_token_id is None:
+        raise ValueError(
+            f"{args.model_dir} holds a masked LM but its tokenizer has no mask token to score it with; save the "
+            "tokenizer the model was trained with (the training command does)."
+        )
+    if args.block_size > model.config.max_position_embeddings:
+        raise ValueError(
+            f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
+            f"({model.config.max_position_embeddings}); lower --block_size."
+        )
+
+    blocks = load_blocks(args, tokenizer)
+    dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate_blocks)
+    accumulator, mean_nll = score_blocks(
+        model, dataloader, args.probe_chunk_size, args.disable_tqdm, args.mask_passes, tokenizer.mask_token_id
+    )
+    result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
+
+    report = {
+        "model": {
+            "path": str(Path(args.model_dir).resolve()),
+            "model_type": model.config.model_type,
+            "architecture": type(model).__name__,
+            "tower_type": tower_type,
+            "cooperative": model.config.cooperative,
+            "num_towers": model.config.num_towers,
+            "hidden_size": model.config.hidden_size,
+            "num_hidden_layers": model.config.num_hidden_layers,
+            "vocab_size": model.config.vocab_size,
+            "num_parameters": model.num_parameters(),
+        },
+        "data": {
+            "description": _data_description(args),
+            **{field: getattr(args, field) for field in DATA_FIELDS},
+            "num_blocks": len(blocks),
+            "num_predictions": accumulator.num_predictions,
+        },
+        "settings": {field: getattr(args, field) for field in SETTINGS_FIELDS}
+        | {"objective": objective, "masking": masking_description(objective, tower_type, args.mask_passes)}
+        | {"device": device.type},
+        "perplexity": {
+            "joint": _perplexity(mean_nll["joint"]),
+            "probes": [_perplexity(nll) for nll in mean_nll["probes"]],
+        },
+    }
+    tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
+    write_report(args.output_dir, report, result, tokens)
+    return {**report, "summary": result.summary}
+
+
+
+def main(argv=None):
+    (args,) = HfArgumentParser(ScoringArguments).parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    report = score_model(**dataclasses.asdict(args))
+    summary = report["summary"]
+    consistency = summary["split_half_consistency"]
+    print(
+        f"Wrote {args.output_dir}: joint perplexity {report['perplexity']['joint']:.2f}, probe perplexities "
+        f"{', '.join(f'{value:.2f}' for value in report['perplexity']['probes'])}; "
+        f"{summary['num_significant']} of {summary['num_eligible_types']} eligible token types prefer one tower "
+        f"significantly; split-half consistency {'n/a' if consistency is None else f'{consistency:.3f}'}."
+    )
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The `evaluate` module in evaluation/tower_preference: offline load, compute/add_batch, doctests, Space files."""
+
+import doctest
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")  # before evaluate reads its config
+
+import evaluate  # noqa: E402
+
+from twotower.evaluation import compute_preference  # noqa: E402
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+METRIC_DIR = REPO_ROOT / "evaluation" / "tower_preference"
+CARD_SECTIONS = (
+    "## Metric Description",
+    "## How to Use",
+    "### Inputs",
+    "### Output Values",
+    "#### Values from Popular Papers",
+    "### Examples",
+    "## Limitations and Bias",
+    "## Citation",
+    "## Further References",
+)
+
+
+@pytest.fixture
+def tower_preference(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO_ROOT)  # the docstring examples load the module by its path from the repository root
+    # a cache folder per test: a compute that raised keeps its cache-file lock, which would stall the next load
+    return evaluate.load("evaluation/tower_preference", cache_dir=str(tmp_path))
+
+
+def predictions(num_predictions=400, vocab_size=12, seed=0):
+    """token ids [n] and per-prediction rows of two towers' log-probs [n, towers], as the metric takes them."""
+    rng = np.random.default_rng(seed)
+    token_ids = rng.integers(0, vocab_size, num_predictions)
+    gold_logprobs = -rng.uniform(0.5, 6.0, (num_predictions, 2))
+    return token_ids.tolist(), gold_logprobs.tolist()
+
+
+def test_load_copies_the_core_beside_the_script(tower_preference):
+    # evaluate copies relatively imported sibling files into its module cache: the Space is self-contained
+    module_file = Path(sys.modules[type(tower_preference).__module__].__file__)
+    assert (module_file.parent / "preference_stats.py").read_text() == (METRIC_DIR / "preference_stats.py").read_text()
+
+
+def test_compute_equals_the_core(tower_preference):
+    token_ids, gold_logprobs = predictions()
+    results = tower_preference.compute(
+        token_ids=token_ids, gold_logprobs=gold_logprobs, min_count=5, top_k=4, alpha=0.1
+    )
+    expected = compute_preference(token_ids, np.asarray(gold_logprobs).T, min_count=5, top_k=4, alpha=0.1)
+    assert results == expected.to_dict()
+    assert results["num_predictions"] == 400 and len(results["token_ids"]) == results["num_token_types"]
+
+
+def test_add_batch_equals_one_compute(tower_preference):
+    token_ids, gold_logprobs = predictions(seed=1)
+    for start in range(0, len(token_ids), 150):
+        batch = slice(start, start + 150)
+        tower_preference.add_batch(token_ids=token_ids[batch], gold_logprobs=gold_logprobs[batch])
+    batched = tower_preference.compute(min_count=5)
+    assert batched == tower_preference.compute(token_ids=token_ids, gold_logprobs=gold_logprobs, min_count=5)
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (dict(token_ids=[1, 2], gold_logprobs=[[-1.0, -2.0], [-1.0]]), "one log-probability per tower"),
+        (dict(token_ids=[1, 2], gold_logprobs=[[-1.0], [-1.0]]), "at least 2 towers"),
+        (dict(token_ids=[1, 2], gold_logprobs=[[-1.0, 0.2], [-1.0, -1.0]]), "must be log-probabilities"),
+        (dict(token_ids=[1, -100], gold_logprobs=[[-1.0, -2.0], [-1.0, -1.0]]), "must be >= 0"),
+        (dict(token_ids=[1, 2], gold_logprobs=[[-1.0, float("nan")], [-1.0, -1.0]]), "must be finite"),
+        (dict(token_ids=[], gold_logprobs=[]), "token_ids is empty"),
+    ],
+    ids=["ragged", "one-tower", "positive", "negative-id", "nan", "empty"],
+)
+def test_bad_input_raises_a_clear_error(tower_preference, inputs, message):
+    with pytest.raises(ValueError, match=message):
+        tower_preference.compute(**inputs)
+
+
+def test_docstring_examples(tower_preference):
+    module = sys.modules[type(tower_preference).__module__]
+    failures, attempted = doctest.testmod(module, raise_on_error=False)
+    assert attempted > 0 and failures == 0
+
+
+def test_folder_is_an_evaluate_space():
+    card = (METRIC_DIR / "README.md").read_text()
+    _, header, body = card.split("---\n", 2)
+    metadata = yaml.safe_load(header)
+    assert metadata["sdk"] == "gradio" and metadata["app_file"] == "app.py"
+    assert {"evaluate", "metric"} <= set(metadata["tags"])
+    assert all(section in body for section in CARD_SECTIONS)
+    assert "launch_gradio_widget" in (METRIC_DIR / "app.py").read_text()
+    requirements = (METRIC_DIR / "requirements.txt").read_text()
+    assert all(package in requirements for package in ("evaluate", "numpy", "scipy"))

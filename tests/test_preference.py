@@ -1,0 +1,346 @@
+"""The tower-preference statistics core: a plain-Python reference, incremental use, planted and null effects."""
+
+import doctest
+import math
+import statistics
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from twotower.evaluation import PreferenceAccumulator, compare_preferences, compute_preference
+from twotower.evaluation.tower_preference import preference_stats
+
+
+ALPHA = 0.05
+MIN_COUNT = 5
+
+
+def synthetic_predictions(rng, num_predictions, vocab_size, planted_nats, num_towers=2, noise=1.0):
+    """Token ids [n] (uniform) and log-probs [towers, n]; each type's favourite tower gains planted_nats.
+
+    Returns (token_ids, gold_logprobs, favourite_tower [vocab]). planted_nats = 0 gives towers that differ
+    only by noise.
+    """
+    token_ids = rng.integers(0, vocab_size, num_predictions)
+    type_logprob = -rng.uniform(4.0, 8.0, vocab_size)  # far enough below 0 that noise rarely crosses it
+    favourite_tower = rng.integers(0, num_towers, vocab_size)
+    bonus = planted_nats * (np.arange(num_towers)[:, None] == favourite_tower[None, :])  # [towers, vocab]
+    noise = rng.normal(0.0, noise, (num_towers, num_predictions))
+    gold_logprobs = type_logprob[token_ids] + bonus[:, token_ids] + noise
+    return token_ids, np.minimum(gold_logprobs, 0.0), favourite_tower
+
+
+def reference_preference(token_ids, gold_logprobs, alpha, min_count):
+    """Plain-Python tower preference, one prediction at a time, with scipy's one-sample t-test per type."""
+    num_towers = len(gold_logprobs)
+    per_type = defaultdict(list)  # token id -> list of per-occurrence log-prob tuples, in stream order
+    for position, token_id in enumerate(token_ids):
+        per_type[int(token_id)].append([float(gold_logprobs[t][position]) for t in range(num_towers)])
+
+    def contrast(values, t):  # tower t minus the mean of the others
+        return values[t] - sum(values[s] for s in range(num_towers) if s != t) / (num_towers - 1)
+
+    rows = {}
+    for token_id in sorted(per_type):
+        occurrences = per_type[token_id]
+        means = [statistics.fmean(o[t] for o in occurrences) for t in range(num_towers)]
+        preference = [contrast(means, t) for t in range(num_towers)]
+        preferred = max(range(num_towers), key=lambda t: preference[t])
+        differences = [contrast(o, preferred) for o in occurrences]
+        standard_errors = [
+            statistics.stdev([contrast(o, t) for o in occurrences]) / math.sqrt(len(occurrences))
+            if len(occurrences) > 1
+            else math.nan
+            for t in range(num_towers)
+        ]
+        p_value = stats.ttest_1samp(differences, 0.0).pvalue if len(occurrences) > 1 else math.nan
+        if num_towers > 2:
+            p_value = min(1.0, p_value * num_towers)
+        halves = [occurrences[0::2], occurrences[1::2]]
+        half_preference = [
+            [contrast([statistics.fmean(o[t] for o in half) for t in range(num_towers)], t) for t in range(num_towers)]
+            if half
+            else None
+            for half in halves
+        ]
+        rows[token_id] = dict(
+            count=len(occurrences),
+            mean_logprob=means,
+            preference=preference,
+            standard_error=standard_errors,
+            preferred=preferred,
+            p_value=p_value,
+            half_preference=half_preference,
+        )
+
+    eligible = [token_id for token_id in rows if rows[token_id]["count"] >= min_count]
+    # Benjamini-Hochberg step-up: reject the k smallest p-values, k the largest rank with p_(k) <= alpha k / m
+    ranked = sorted(eligible, key=lambda token_id: rows[token_id]["p_value"])
+    num_rejected = max(
+        [rank for rank, token_id in enumerate(ranked, 1) if rows[token_id]["p_value"] <= alpha * rank / len(ranked)],
+        default=0,
+    )
+    significant = set(ranked[:num_rejected])
+    consistency = statistics.fmean(
+        statistics.correlation(
+            [rows[token_id]["half_preference"][0][t] for token_id in eligible],
+            [rows[token_id]["half_preference"][1][t] for token_id in eligible],
+        )
+        for t in range(num_towers)
+    )
+    bimodality = statistics.fmean(
+        sarle_reference([rows[token_id]["preference"][t] for token_id in eligible]) for t in range(num_towers)
+    )
+    eligible_count = sum(rows[token_id]["count"] for token_id in eligible)
+    summary = dict(
+        type_share_preferring=[
+            sum(rows[token_id]["preferred"] == t for token_id in eligible) / len(eligible) for t in range(num_towers)
+        ],
+        occurrence_share_preferring=[
+            sum(rows[token_id]["count"] for token_id in eligible if rows[token_id]["preferred"] == t) / eligible_count
+            for t in range(num_towers)
+        ],
+        mean_abs_preference_nats=statistics.fmean(
+            rows[token_id]["preference"][rows[token_id]["preferred"]] for token_id in eligible
+        ),
+        num_significant=len(significant),
+        split_half_consistency=consistency,
+        bimodality_coefficient=bimodality,
+    )
+    return rows, significant, summary
+
+
+def sarle_reference(values):
+    """Sarle's bimodality coefficient from the textbook formulas for the bias-corrected skewness and kurtosis."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    m2, m3, m4 = (sum((v - mean) ** k for v in values) / n for k in (2, 3, 4))
+    skewness = math.sqrt(n * (n - 1)) / (n - 2) * m3 / m2**1.5
+    excess_kurtosis = (n - 1) / ((n - 2) * (n - 3)) * ((n + 1) * (m4 / m2**2 - 3) + 6)
+    return (skewness**2 + 1) / (excess_kurtosis + 3 * (n - 1) ** 2 / ((n - 2) * (n - 3)))
+
+
+def assert_summaries_close(summary, expected):
+    assert summary.keys() == expected.keys()
+    for key, value in expected.items():
+        if key.startswith("top_"):  # one list per tower, of different lengths
+            for tower_values, expected_values in zip(summary[key], value):
+                np.testing.assert_allclose(tower_values, expected_values, rtol=1e-12, err_msg=key)
+        else:
+            np.testing.assert_allclose(summary[key], value, rtol=1e-12, err_msg=key)
+
+
+@pytest.mark.parametrize("num_towers", [2, 3], ids=["towers2", "towers3"])
+def test_matches_plain_python_reference(num_towers):
+    rng = np.random.default_rng(num_towers)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 600, 23, planted_nats=0.7, num_towers=num_towers)
+    result = compute_preference(token_ids, gold_logprobs, alpha=ALPHA, min_count=MIN_COUNT, top_k=3)
+    rows, significant, summary = reference_preference(token_ids, gold_logprobs, ALPHA, MIN_COUNT)
+
+    assert result.token_ids.tolist() == sorted(rows)
+    column = {key: [rows[token_id][key] for token_id in sorted(rows)] for key in next(iter(rows.values()))}
+    np.testing.assert_array_equal(result.count, column["count"])
+    np.testing.assert_allclose(result.mean_logprob.T, column["mean_logprob"], rtol=1e-12)
+    np.testing.assert_allclose(result.preference_nats.T, column["preference"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(result.standard_error.T, column["standard_error"], rtol=1e-9)
+    np.testing.assert_array_equal(result.preferred_tower, column["preferred"])
+    np.testing.assert_allclose(result.p_value, column["p_value"], rtol=1e-7)
+    assert set(result.token_ids[result.significant].tolist()) == significant
+    assert result.summary["num_significant"] == summary.pop("num_significant")
+    for key, expected in summary.items():
+        np.testing.assert_allclose(result.summary[key], expected, rtol=1e-9, err_msg=key)
+    # the top tokens of each tower are its most preferred eligible types, strongest first
+    for tower_idx, top_ids in enumerate(result.summary["top_token_ids"]):
+        candidates = [t for t in rows if rows[t]["count"] >= MIN_COUNT and rows[t]["preferred"] == tower_idx]
+        expected = sorted(candidates, key=lambda t: -rows[t]["preference"][tower_idx])[:3]
+        assert top_ids == expected
+
+
+def test_incremental_updates_equal_one_shot(monkeypatch):
+    rng = np.random.default_rng(0)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 5000, 50, planted_nats=0.5)
+
+    # uneven batches whose ids first stay below 10 (so the arrays must grow later), and tiny internal chunks
+    monkeypatch.setattr(preference_stats, "CHUNK_SIZE", 7)
+    order = np.argsort(token_ids >= 10, kind="stable")
+    token_ids, gold_logprobs = token_ids[order], gold_logprobs[:, order]
+    one_shot = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT)
+    accumulator = PreferenceAccumulator()
+    for start, end in zip([0, 1, 100, 1234, 4000], [1, 100, 1234, 4000, 5000]):
+        accumulator.update(token_ids[start:end], gold_logprobs[:, start:end])
+    incremental = accumulator.compute(min_count=MIN_COUNT)
+
+    for name in ("token_ids", "count", "mean_logprob", "preference_nats", "standard_error", "p_value", "significant"):
+        np.testing.assert_allclose(getattr(incremental, name), getattr(one_shot, name), rtol=1e-12, err_msg=name)
+    assert_summaries_close(incremental.summary, one_shot.summary)
+
+
+def test_merged_accumulators_equal_one_accumulator():
+    rng = np.random.default_rng(1)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 3000, 40, planted_nats=0.5)
+    one_shot = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT)
+    first, second = PreferenceAccumulator(), PreferenceAccumulator()
+    first.update(token_ids[:1000] % 20, gold_logprobs[:, :1000])  # smaller ids: merge must grow `first`
+    second.update(token_ids[1000:], gold_logprobs[:, 1000:])
+    whole = PreferenceAccumulator()
+    whole.update(np.concatenate([token_ids[:1000] % 20, token_ids[1000:]]), gold_logprobs)
+    merged = first.merge(second).compute(min_count=MIN_COUNT)
+    expected = whole.compute(min_count=MIN_COUNT)
+
+    assert one_shot.token_ids.shape == merged.token_ids.shape
+    # totals per type do not depend on how the stream was split; the halves may (each accumulator interleaves its own)
+    for name in ("count", "mean_logprob", "preference_nats", "standard_error", "p_value", "significant"):
+        np.testing.assert_allclose(getattr(merged, name), getattr(expected, name), rtol=1e-12, err_msg=name)
+    assert merged.summary["num_predictions"] == 3000
+
+
+def test_planted_preferences_are_recovered():
+    rng = np.random.default_rng(2)
+    token_ids, gold_logprobs, favourite = synthetic_predictions(rng, 60_000, 300, planted_nats=1.0)
+    result = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT)
+    summary = result.summary
+
+    planted_sign = np.where(favourite[result.token_ids] == 0, 1.0, -1.0)
+    np.testing.assert_array_equal(np.sign(result.preference_nats[0]), planted_sign)
+    np.testing.assert_allclose(np.abs(result.preference_nats[0]), 1.0, atol=0.5)
+    assert result.significant.all()
+    assert summary["split_half_consistency"] > 0.95
+    assert summary["bimodality_coefficient"] > 5 / 9  # two groups of tokens, at +1 and -1 nat
+    assert summary["type_share_preferring"][0] == pytest.approx(np.mean(favourite[result.token_ids] == 0))
+    assert summary["mean_abs_preference_nats"] == pytest.approx(1.0, abs=0.05)
+    # the top tokens of tower 0 are types planted for tower 0
+    assert all(favourite[token_id] == 0 for token_id in summary["top_token_ids"][0])
+
+
+def test_planted_preferences_with_three_towers():
+    rng = np.random.default_rng(3)
+    token_ids, gold_logprobs, favourite = synthetic_predictions(rng, 60_000, 150, planted_nats=1.5, num_towers=3)
+    result = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT)
+
+    np.testing.assert_array_equal(result.preferred_tower, favourite[result.token_ids])
+    # the favourite gains 1.5 nats over each other tower, so 1.5 over their mean; each of the others loses 0.75
+    np.testing.assert_allclose(result.preference_nats.max(axis=0), 1.5, atol=0.5)
+    assert result.significant.all()
+    assert result.summary["split_half_consistency"] > 0.9
+    assert sum(result.summary["type_share_preferring"]) == pytest.approx(1.0)
+
+
+def test_null_towers_give_no_consistency_and_nominal_false_positives():
+    rng = np.random.default_rng(4)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 100_000, 1000, planted_nats=0.0)
+    result = compute_preference(token_ids, gold_logprobs, alpha=ALPHA, min_count=MIN_COUNT)
+    summary = result.summary
+
+    assert abs(summary["split_half_consistency"]) < 0.1
+    # uncorrected p-values are uniform under the null: about alpha of the types fall below alpha...
+    assert np.mean(result.p_value[result.eligible] < ALPHA) == pytest.approx(ALPHA, abs=0.02)
+    # ...and Benjamini-Hochberg keeps the share of (here all false) discoveries at or below alpha
+    assert summary["significant_share"] <= ALPHA
+    assert summary["bimodality_coefficient"] < 5 / 9
+    assert summary["type_share_preferring"][0] == pytest.approx(0.5, abs=0.06)
+
+
+def test_swapping_towers_flips_the_preference():
+    rng = np.random.default_rng(5)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 2000, 30, planted_nats=0.5)
+    result = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT)
+    swapped = compute_preference(token_ids, gold_logprobs[::-1], min_count=MIN_COUNT)
+
+    np.testing.assert_allclose(swapped.preference_nats, result.preference_nats[::-1], rtol=1e-12)
+    np.testing.assert_allclose(swapped.p_value, result.p_value, rtol=1e-12)
+    assert swapped.summary["top_token_ids"] == result.summary["top_token_ids"][::-1]
+    assert swapped.summary["split_half_consistency"] == pytest.approx(result.summary["split_half_consistency"])
+
+
+def test_float32_inputs_and_fixed_vocab_size():
+    rng = np.random.default_rng(6)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 2000, 30, planted_nats=0.5)
+    gold_logprobs = gold_logprobs.astype(np.float32)
+    result = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT, vocab_size=30)
+    expected = compute_preference(token_ids, gold_logprobs.astype(np.float64), min_count=MIN_COUNT)
+    np.testing.assert_allclose(result.preference_nats, expected.preference_nats, rtol=1e-12)
+    with pytest.raises(ValueError, match="must be < vocab_size=20"):
+        compute_preference(token_ids, gold_logprobs, vocab_size=20)
+
+
+def test_single_occurrence_types_have_no_standard_error():
+    result = compute_preference([1, 1, 1, 2], [[-1.0, -1.5, -1.2, -2.0], [-2.0, -2.0, -2.5, -1.0]], min_count=2)
+    assert np.isnan(result.standard_error[:, 1]).all() and np.isnan(result.p_value[1])
+    assert result.eligible.tolist() == [True, False]
+    as_dict = result.to_dict()
+    assert as_dict["p_value"][1] is None and as_dict["standard_error"][0][1] is None
+    assert as_dict["num_excluded_types"] == 1
+
+
+@pytest.mark.parametrize(
+    "token_ids, gold_logprobs, message",
+    [
+        ([1, 2, 3], [[-1.0, -1.0], [-1.0, -1.0]], "token_ids has 3 predictions but gold_logprobs has 2"),
+        ([1, 2], [[-1.0, np.nan], [-1.0, -1.0]], "must be finite; got nan at tower 0, prediction 1"),
+        ([1, 2], [[-1.0, -1.0], [-np.inf, -1.0]], "must be finite; got -inf at tower 1, prediction 0"),
+        ([1, 2], [[-1.0, 0.5], [-1.0, -1.0]], r"must be log-probabilities \(<= 0\); got 0.5"),
+        ([1, 2], [[-1.0, -1.0]], "1 tower row"),
+        ([], [[], []], "token_ids is empty"),
+        ([1, -100], [[-1.0, -1.0], [-1.0, -1.0]], "must be >= 0; got -100 at prediction 1"),
+        ([1.0, 2.0], [[-1.0, -1.0], [-1.0, -1.0]], "must be integers"),
+        ([1, 2], [-1.0, -1.0], "must be 2-D"),
+    ],
+    ids=["lengths", "nan", "inf", "positive", "one-tower", "empty", "negative-id", "float-ids", "1-D"],
+)
+def test_bad_input_raises_a_clear_error(token_ids, gold_logprobs, message):
+    with pytest.raises(ValueError, match=message):
+        PreferenceAccumulator().update(token_ids, gold_logprobs)
+
+
+def test_bad_options_and_mismatched_updates_raise():
+    accumulator = PreferenceAccumulator()
+    with pytest.raises(ValueError, match="no predictions"):
+        accumulator.compute()
+    accumulator.update([1, 1], [[-1.0, -2.0], [-1.5, -1.0]])
+    with pytest.raises(ValueError, match="holds 2"):
+        accumulator.update([1], [[-1.0], [-1.0], [-1.0]])
+    with pytest.raises(ValueError, match="cannot merge"):
+        accumulator.merge(PreferenceAccumulator(num_towers=3))
+    for options, message in [({"alpha": 1.5}, "alpha"), ({"min_count": 1}, "min_count"), ({"top_k": -1}, "top_k")]:
+        with pytest.raises(ValueError, match=message):
+            accumulator.compute(**options)
+
+
+def test_compare_preferences_matches_towers():
+    rng = np.random.default_rng(7)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 20_000, 200, planted_nats=1.0)
+    first = compute_preference(token_ids[:10_000], gold_logprobs[:, :10_000], min_count=MIN_COUNT)
+    # a second "run" over other occurrences, with its tower labels swapped
+    second = compute_preference(token_ids[10_000:], gold_logprobs[::-1, 10_000:], min_count=MIN_COUNT)
+
+    comparison = compare_preferences(first.token_ids, first.preference_nats, second.token_ids, second.preference_nats)
+    assert comparison["tower_mapping"] == [1, 0]
+    assert comparison["correlation"] > 0.95
+    raw = np.corrcoef(first.preference_nats[0], second.preference_nats[0])[0, 1]
+    assert comparison["correlation"] == pytest.approx(-raw)
+    assert comparison["num_shared_types"] == 200
+
+
+def test_compare_preferences_finds_the_best_permutation_of_three_towers():
+    rng = np.random.default_rng(8)
+    preference = rng.normal(size=(3, 50))
+    permutation = [2, 0, 1]  # run b's tower permutation[i] is run a's tower i
+    other = np.empty_like(preference)
+    other[permutation] = preference + rng.normal(scale=0.1, size=preference.shape)
+    comparison = compare_preferences(np.arange(50), preference, np.arange(50)[::-1], other[:, ::-1])
+    assert comparison["tower_mapping"] == permutation
+    assert comparison["correlation"] > 0.95
+
+
+def test_compare_preferences_rejects_incomparable_runs():
+    with pytest.raises(ValueError, match="2 towers but run b has 3"):
+        compare_preferences([1, 2, 3], np.zeros((2, 3)) + [1, 2, 3], [1, 2, 3], np.zeros((3, 3)) + [1, 2, 3])
+    with pytest.raises(ValueError, match="share 2 token types"):
+        compare_preferences([1, 2, 3], [[1.0, 2.0, 3.0]] * 2, [2, 3, 4], [[1.0, 2.0, 3.0]] * 2)
+
+
+def test_docstring_examples():
+    failures, attempted = doctest.testmod(preference_stats)
+    assert attempted > 0 and failures == 0
