@@ -1,0 +1,330 @@
+"""The training command end to end on a slice of WikiText-2: pretrain, probe, resume, 2 processes, bad input."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
+
+import dataclasses
+import glob
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+import yaml
+from accelerate import Accelerator
+from huggingface_hub import HfApi, RepoUrl
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.nn import functional as F
+from transformers import AutoModelForCausalLM
+
+import modeling_twotower
+from twotower.training.arguments import TwoTowerTrainingConfig, load_config
+from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
+from twotower.training.data import load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.phases import (
+    final_model_and_state_dict,
+    make_loss_function,
+    trained_module,
+    weight_decay_groups,
+)
+from twotower.training.throughput import flops_per_token
+from twotower.training.tokenizer import load_tokenizer
+from twotower.training.train import training_function
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = REPO_ROOT.parent / "shared" / "data"
+VOCAB_SIZE = 512  # the trained BPE: a fast decoder, and ln(512) = 6.24 nats at the start
+EVAL_BLOCKS = 32
+BLOCK_SIZE = 32  # the recipes use the paper's 128; a quarter of it keeps the suite fast
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict:
+    """The first 400 kB of WikiText-2 train and 60 kB of validation (a slice, in a temporary folder)."""
+    folder = tmp_path_factory.mktemp("wikitext-2-slice")
+    for split, size in (("train", 400_000), ("valid", 60_000)):
+        with open(DATA_DIR / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
+            (folder / f"{split}.txt").write_text(handle.read(size).rsplit("\n", 1)[0] + "\n")
+    return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt")}
+
+
+def tiny_config(recipe: str, corpus: dict, output_dir: Path, **overrides) -> TwoTowerTrainingConfig:
+    """The shipped recipe, shrunk to seconds: 200 blocks of 32 tokens, batches of 8 x 2 accumulated, 30 steps."""
+    options = dict(
+        **corpus, output_dir=output_dir, tokenizer_vocab_size=VOCAB_SIZE, block_size=BLOCK_SIZE, max_train_blocks=200,
+        max_eval_blocks=EVAL_BLOCKS, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+        max_train_steps=30, num_warmup_steps=3, learning_rate=3e-3, checkpointing_steps=10,
+        checkpoints_total_limit=3, logging_steps=1, peak_tflops=1.0, disable_tqdm=True,
+    )
+    options.update(overrides)
+    return load_config(recipe, [f"--{name}={value}" for name, value in options.items()])
+
+
+@pytest.fixture(scope="session")
+def pretrain_run(corpus, tmp_path_factory) -> dict:
+    # 200 blocks / 8 = 25 batches = 13 steps per epoch (the last with 1 batch); 30 steps end inside epoch 2.
+    config = tiny_config("tiny", corpus, tmp_path_factory.mktemp("pretrain"))
+    return {"config": config, **training_function(config)}
+
+
+@pytest.fixture(scope="session")
+def probe_run(corpus, pretrain_run, tmp_path_factory) -> dict:
+    config = tiny_config(
+        "tiny_probe", corpus, tmp_path_factory.mktemp("probe"), pretrained_model=pretrain_run["model_dir"],
+        max_train_steps=20, checkpointing_steps=100,
+    )
+    return {"config": config, **training_function(config)}
+
+
+def tensorboard_scalars(output_dir: Path, phase: str, tag: str) -> list[float]:
+    (events_file,) = glob.glob(str(output_dir / "runs" / phase / "events.out.tfevents.*"))
+    events = EventAccumulator(events_file)
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+def validation_blocks(config: TwoTowerTrainingConfig, tokenizer) -> torch.Tensor:
+    raw_datasets = load_raw_datasets("unused", None, config.train_file, config.validation_file)
+    lm_datasets = split_blocks(tokenize_and_group(raw_datasets, tokenizer, config.block_size), config.block_size,
+                               config.validation_split_percentage, max_eval_blocks=config.max_eval_blocks)
+    return torch.tensor(lm_datasets["validation"]["input_ids"])  # [blocks, block_size]
+
+
+def test_pretraining_learns(pretrain_run):
+    losses = pretrain_run["train_losses"]
+    assert len(losses) == 30
+    assert losses[0] == pytest.approx(math.log(VOCAB_SIZE), abs=0.3)  # uniform guess over the vocabulary
+    assert pretrain_run["eval_metrics"]["loss"] < losses[0] - 0.8  # a real drop, on held-out text
+    logged = tensorboard_scalars(Path(pretrain_run["config"].output_dir), "pretrain", "train/loss")
+    assert logged == pytest.approx(losses)  # the TensorBoard tracker got every step
+    for tag in ("train/tokens_per_s", "train/mfu", "train/lr", "eval/perplexity"):
+        assert tensorboard_scalars(Path(pretrain_run["config"].output_dir), "pretrain", tag)
+
+
+def test_saved_model_reloads_with_the_evaluated_weights(pretrain_run):
+    model_dir = Path(pretrain_run["model_dir"])
+    saved = {path.name for path in model_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "modeling_twotower.py", "configuration_twotower.py",
+            "tokenizer.json", "training_config.yaml"} <= saved
+    assert not [path for path in model_dir.parent.iterdir() if path.name.endswith((".tmp", ".old"))]
+
+    tokenizer = load_tokenizer(str(model_dir))
+    input_ids = validation_blocks(pretrain_run["config"], tokenizer)
+    assert len(input_ids) == EVAL_BLOCKS
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # the pip route: `import modeling_twotower`
+    assert isinstance(model, modeling_twotower.TwoTowerForCausalLM)
+    with torch.no_grad():
+        logits = model(input_ids).logits
+    # The reloaded weights' validation loss, computed here independently, is the one the run reported.
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), input_ids[:, 1:].flatten())
+    assert loss.item() == pytest.approx(pretrain_run["eval_metrics"]["loss"], rel=1e-5)
+
+
+def test_probe_phase_trains_only_the_probes(pretrain_run, probe_run):
+    pretrained = load_file(Path(pretrain_run["model_dir"]) / "model.safetensors")
+    probed = load_file(Path(probe_run["model_dir"]) / "model.safetensors")
+    assert pretrained.keys() == probed.keys()
+    for name, tensor in pretrained.items():
+        if name.startswith("probes."):
+            assert not torch.equal(tensor, probed[name]), name
+        else:
+            assert torch.equal(tensor, probed[name]), name  # the frozen model, bitwise
+    metrics = probe_run["eval_metrics"]
+    # The joint model is frozen and sees the same validation blocks: the same perplexity as after pretraining.
+    assert metrics["perplexity"] == pytest.approx(pretrain_run["eval_metrics"]["perplexity"], rel=1e-6)
+    for probe in (0, 1):
+        # The train loss sums the two probes; each started near a uniform guess and learned.
+        assert probe_run["train_losses"][0] == pytest.approx(2 * math.log(VOCAB_SIZE), abs=0.6)
+        assert metrics[f"probe_{probe}_loss"] < math.log(VOCAB_SIZE) - 0.5
+        assert metrics[f"probe_{probe}_perplexity"] == pytest.approx(math.exp(metrics[f"probe_{probe}_loss"]))
+        assert metrics[f"probe_{probe}_loss"] > metrics["loss"]  # one tower alone knows less than the two
+
+
+def test_probe_loss_builds_no_graph_through_the_backbone(pretrain_run, probe_run):
+    model = AutoModelForCausalLM.from_pretrained(pretrain_run["model_dir"])
+    trained = trained_module(probe_run["config"], model, torch.device("cpu"))
+    input_ids = torch.randint(0, 500, (2, 16))
+    loss = make_loss_function(probe_run["config"], model, trained)({"input_ids": input_ids, "labels": input_ids}, 30)
+    loss.backward()
+    assert all(param.grad is not None for param in model.probes.parameters())
+    assert all(param.grad is None for name, param in model.named_parameters() if not name.startswith("probes."))
+    # The loss is the sum over probes of each probe's mean next-token NLL, here over 2 x 15 = 30 targets.
+    expected = -model.probe_logprobs(input_ids).sum() / 30
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_interrupted_and_resumed_run_ends_bitwise_equal(pretrain_run, corpus, tmp_path):
+    output_dir = Path(pretrain_run["config"].output_dir)
+    # Checkpoints every 10 steps and at each epoch's end (13, 26); the last 3 are kept.
+    assert [path.name for path in list_checkpoints(output_dir)] == ["step_20", "epoch_1", "step_30"]
+    assert resolve_resume_checkpoint("latest", output_dir).name == "step_30"
+    assert read_progress(output_dir / "checkpoints" / "step_20") == {
+        "completed_steps": 20, "epoch": 1, "batches_into_epoch": 14, "steps_per_epoch": 13
+    }
+
+    # A run stopped after step 20 (mid-epoch, dropout on) and resumed from there, in a new folder.
+    resumed = training_function(
+        tiny_config("tiny", corpus, tmp_path, resume_from_checkpoint=output_dir / "checkpoints" / "step_20")
+    )
+    assert resumed["train_losses"] == pretrain_run["train_losses"][20:]
+    uninterrupted = load_file(Path(pretrain_run["model_dir"]) / "model.safetensors")
+    after_resume = load_file(Path(resumed["model_dir"]) / "model.safetensors")
+    assert all(torch.equal(tensor, after_resume[name]) for name, tensor in uninterrupted.items())
+
+
+def test_two_processes_match_one_process(corpus, tmp_path):
+    # Same global batch (2 x 4 = 1 x 8), no dropout: the per-step losses agree to float tolerance.
+    common = dict(max_train_steps=4, max_train_blocks=64, gradient_accumulation_steps=1, hidden_dropout=0.0,
+                  attention_dropout=0.0, cpu=True, checkpointing_steps=100)
+    one = training_function(tiny_config("tiny", corpus, tmp_path / "one", per_device_train_batch_size=8, **common))
+    config = tiny_config("tiny", corpus, tmp_path / "two", per_device_train_batch_size=4, **common)
+    cli_args = [f"--{name}={value}" for name, value in dataclasses.asdict(config).items() if value is not None]
+    launched = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "twotower.training.train",
+         *cli_args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    two_losses = tensorboard_scalars(tmp_path / "two", "pretrain", "train/loss")
+    assert two_losses == pytest.approx(one["train_losses"], rel=1e-5)
+    two_eval = tensorboard_scalars(tmp_path / "two", "pretrain", "eval/loss")
+    assert two_eval == pytest.approx([one["eval_metrics"]["loss"]], rel=1e-5)
+
+
+def test_recipe_and_command_line_override_defaults(pretrain_run, corpus):
+    defaults = TwoTowerTrainingConfig()
+    recipe = yaml.safe_load((REPO_ROOT / "training" / "recipes" / "tiny.yaml").read_text())
+    config = load_config("tiny", ["--learning_rate", "0.5", "--max_train_steps", "7"])
+    assert defaults.max_train_steps is None and recipe["max_train_steps"] != 7
+    assert config.max_train_steps == 7 and config.learning_rate == 0.5  # command line over recipe
+    assert config.num_warmup_steps == recipe["num_warmup_steps"] != defaults.num_warmup_steps  # recipe over default
+    assert config.adam_beta2 == defaults.adam_beta2 == 0.98  # default where neither sets it
+    # The resolved config is saved with the model, and reruns as a recipe.
+    saved_path = Path(pretrain_run["model_dir"]) / "training_config.yaml"
+    assert yaml.safe_load(saved_path.read_text()) == dataclasses.asdict(pretrain_run["config"])
+    assert load_config(str(saved_path)) == dataclasses.replace(pretrain_run["config"], recipe=str(saved_path))
+
+
+def test_optimizer_decays_weights_but_not_norms_or_biases(pretrain_run):
+    model = AutoModelForCausalLM.from_pretrained(pretrain_run["model_dir"])
+    model.probes.requires_grad_(False)
+    decay, no_decay = weight_decay_groups(model, 0.01)
+    names = {id(param): name for name, param in model.named_parameters()}
+    assert all("norm" not in names[id(p)] and not names[id(p)].endswith("bias") for p in decay["params"])
+    assert all("norm" in names[id(p)] or names[id(p)].endswith("bias") for p in no_decay["params"])
+    trainable = [param for param in model.parameters() if param.requires_grad]  # the tied embedding once
+    assert len(decay["params"]) + len(no_decay["params"]) == len(trainable)
+
+
+@pytest.mark.parametrize(
+    "architecture", [dict(), dict(cooperative=False), dict(tower_type="lstm", lstm_hidden_size=96)],
+    ids=["transformer", "independent-towers-control", "lstm"],
+)
+def test_flops_per_token_counts_every_matmul_weight(architecture):
+    config = modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=320, **architecture)
+    model = modeling_twotower.TwoTowerForCausalLM(config)
+    block_size = 128
+
+    # Independently: the weights of every matmul a token goes through; embedding lookups are free, biases and
+    # norms negligible, and the tied decoder counts once, as lm_head.
+    def matmul_weights(prefixes):
+        return sum(
+            param.numel() for name, param in model.named_parameters()
+            if name.startswith(prefixes) and "weight" in name and "embed" not in name and "norm" not in name
+        )
+
+    tied_decoder = model.lm_head.weight.numel() if config.cooperative else 0
+    trained = matmul_weights(("model.", "fusion_", "tower_lm_heads.")) + tied_decoder
+    attention = 0 if config.tower_type == "lstm" else 2 * 2 * 64 * block_size  # layers * towers * width * context
+    assert flops_per_token(config, block_size, "pretrain") == 6 * trained + 12 * attention
+    frozen, probes = matmul_weights(("model.",)), matmul_weights(("probes.",))
+    assert flops_per_token(config, block_size, "probe") == 2 * frozen + 4 * attention + 6 * probes
+
+
+def test_a_compiled_model_is_saved_under_its_own_parameter_names():
+    model = modeling_twotower.TwoTowerForCausalLM(modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=64))
+    compiled = torch.compile(model)  # wrapping only: nothing is compiled until it runs
+    assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
+    saved_model, state_dict = final_model_and_state_dict(Accelerator(cpu=True), load_config("tiny"), model, compiled)
+    assert saved_model is model
+    assert state_dict.keys() == model.state_dict().keys()
+
+
+def test_push_to_hub_uploads_the_final_folder(corpus, tmp_path, monkeypatch, capsys, caplog):
+    secret = "hf_not_a_real_token_4c1d"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    calls = {}
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: calls.setdefault(
+        "create_repo", (repo_id, kwargs)) and RepoUrl(f"https://huggingface.co/{repo_id}"))
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kwargs: calls.setdefault("upload_folder", kwargs))
+    result = training_function(tiny_config(
+        "tiny", corpus, tmp_path, max_train_steps=2, max_train_blocks=16, report_to="none", push_to_hub=True,
+        hub_model_id="someone/tiny-twotower", hub_private_repo=True,
+    ))
+    repo_id, create_kwargs = calls["create_repo"]
+    assert repo_id == "someone/tiny-twotower"
+    assert create_kwargs["private"] is True and create_kwargs["exist_ok"] is True
+    assert calls["upload_folder"]["repo_id"] == "someone/tiny-twotower"
+    assert calls["upload_folder"]["folder_path"] == result["model_dir"]
+    captured = capsys.readouterr()
+    assert "https://huggingface.co/someone/tiny-twotower" in captured.out
+    assert secret not in captured.out + captured.err + caplog.text
+
+
+def test_push_to_hub_without_a_token_fails_before_training(corpus, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    config = tiny_config("tiny", corpus, tmp_path / "run", push_to_hub=True, hub_model_id="someone/tiny-twotower")
+    with pytest.raises(RuntimeError, match="needs a Hugging Face token"):
+        training_function(config)
+    assert not (tmp_path / "run").exists()  # nothing was trained
+
+
+@pytest.fixture
+def not_a_two_tower_model(tmp_path) -> str:
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    return str(tmp_path / "gpt2")
+
+
+BAD_INPUTS = {
+    "missing train file": (dict(train_file="/nonexistent/train.txt"), FileNotFoundError, "does not exist"),
+    "empty train file": (dict(train_file="{tmp}/empty.txt"), ValueError, "Empty data file"),
+    "no block after tokenization": (dict(train_file="{tmp}/short.txt"), ValueError, "no block of block_size=32"),
+    "block larger than positions": (dict(block_size=129), ValueError, "exceeds the model's max_position_embeddings"),
+    "probe of a folder without a model": (dict(phase="probe", pretrained_model="{tmp}"), FileNotFoundError,
+                                          "has no config.json"),
+    "missing checkpoint (latest)": (dict(resume_from_checkpoint="latest"), FileNotFoundError, "no checkpoint in"),
+    "missing checkpoint (path)": (dict(resume_from_checkpoint="{tmp}/step_5"), FileNotFoundError,
+                                  "is not a checkpoint folder"),
+    "hub push without a repository": (dict(push_to_hub=True), ValueError, "hub_model_id"),
+    "unknown phase": (dict(phase="finetune"), ValueError, "`phase` is 'finetune'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_fails_fast_with_a_clear_message(case, corpus, tmp_path):
+    overrides, error, message = BAD_INPUTS[case]
+    (tmp_path / "empty.txt").touch()
+    (tmp_path / "short.txt").write_text("Far too short for one block.\n")
+    overrides = {name: str(value).format(tmp=tmp_path) for name, value in overrides.items()}
+    with pytest.raises(error, match=message):
+        training_function(tiny_config("tiny", corpus, tmp_path / "run", report_to="none", **overrides))
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_probe_phase_rejects_other_models_and_larger_tokenizers(pretrain_run, corpus, not_a_two_tower_model, tmp_path):
+    with pytest.raises(ValueError, match="not a two-tower model"):
+        training_function(tiny_config("tiny_probe", corpus, tmp_path, pretrained_model=not_a_two_tower_model))
+    with pytest.raises(ValueError, match="50257 tokens but the model's vocabulary has 512"):
+        training_function(tiny_config(
+            "tiny_probe", corpus, tmp_path, pretrained_model=pretrain_run["model_dir"],
+            tokenizer_name_or_path=DATA_DIR / "tokenizers" / "gpt2",
+        ))

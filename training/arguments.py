@@ -1,0 +1,173 @@
+"""Every knob of a training run in one dataclass, and how recipes and the command line fill it in."""
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+from modeling_twotower.configuration_twotower import PRESETS, TOWER_TYPES
+
+from .objectives import OBJECTIVES
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+PHASES = ("pretrain", "probe")
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+RESOLVED_CONFIG_NAME = "training_config.yaml"
+
+
+@dataclass
+class TwoTowerTrainingConfig:
+    # recipe
+    recipe: str | None = None  # a recipe name in training/recipes (tiny, base_probe, ...) or a YAML path
+
+    # data
+    dataset_name: str = "wikitext"  # Hub dataset, used when train_file is not set
+    dataset_config_name: str | None = "wikitext-2-raw-v1"
+    text_column_name: str = "text"  # column of the Hub dataset holding raw text
+    train_file: str | None = None  # local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name
+    validation_file: str | None = None  # same forms; without it (or a validation split) train is split
+    validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with a fixed seed
+    block_size: int = 128  # tokens per training sequence (the paper's context length)
+    max_train_blocks: int | None = None  # use only the first N training blocks (quick runs); None = all
+    max_eval_blocks: int | None = None  # use only the first N validation blocks; None = all
+    preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
+    overwrite_cache: bool = False  # re-tokenize instead of reusing the datasets cache
+
+    # tokenizer
+    tokenizer_name_or_path: str | None = None  # Hub name, saved tokenizer, or a folder with bert vocab.txt or
+    # gpt2 vocab.json + merges.txt; None = train a byte-level BPE on the training text (pretrain) or use the
+    # tokenizer saved with pretrained_model (probe)
+    tokenizer_vocab_size: int = 8192  # vocabulary of a newly trained BPE tokenizer
+
+    # objective: None = causal when pretraining, the pretrained model's in the probe phase
+    objective: str | None = None  # causal (next token, TwoTowerForCausalLM) | masked (TwoTowerForMaskedLM)
+    mlm_probability: float = 0.15  # masked transformer towers: share of tokens selected (80/10/10 replaced)
+
+    # model (pretrain phase): a preset plus optional overrides; None keeps the preset's value
+    model_preset: str = "tiny"  # tiny | base | large | elmo-base | elmo-large (modeling_twotower PRESETS)
+    tower_type: str | None = None  # transformer | lstm (ELMo-style; the elmo presets set it)
+    num_towers: int | None = None
+    hidden_size: int | None = None  # width of ONE tower
+    num_hidden_layers: int | None = None  # layers per tower
+    num_attention_heads: int | None = None  # heads per tower
+    intermediate_size: int | None = None  # MLP width of one tower
+    lstm_hidden_size: int | None = None  # LSTM towers (elmo presets): cell size
+    cooperative: bool | None = None  # False: the independent-towers control (one LM head and loss per tower)
+    max_position_embeddings: int | None = None  # positions; must be >= block_size
+    hidden_dropout: float | None = None
+    attention_dropout: float | None = None
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more compute
+    torch_compile: bool = False  # torch.compile the model (inductor); pays a compile time up front
+
+    # optimisation (the paper's defaults)
+    learning_rate: float = 1e-3  # peak learning rate, reached after warm-up
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_epsilon: float = 1e-8  # the paper does not set it; torch's default
+    weight_decay: float = 0.01  # applied to all weights except norms and biases
+    max_grad_norm: float = 1.0  # gradient clipping; 0 disables
+    lr_scheduler_type: str = "linear"  # any transformers.get_scheduler name; linear = warm-up then linear decay
+    num_warmup_steps: int = 0  # optimizer steps of linear warm-up
+    per_device_train_batch_size: int = 16  # sequences per process per micro-batch
+    per_device_eval_batch_size: int = 32
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    # global batch = per_device_train_batch_size * gradient_accumulation_steps * number of processes
+    num_train_epochs: int = 1
+    max_train_steps: int | None = None  # optimizer steps; when set, overrides num_train_epochs
+    mixed_precision: str | None = None  # no | fp16 | bf16; None = what `accelerate launch`/config says
+    seed: int = 42  # seeds weights, dropout and data order: equal seeds give equal runs
+    cpu: bool = False  # train on CPU even when a GPU is present
+
+    # phase
+    phase: str = "pretrain"  # pretrain (phase 1, joint model) | probe (phases 2 and 3, frozen model)
+    pretrained_model: str | None = None  # probe phase: folder of a pretrained two-tower model
+    probe_chunk_size: int | None = None  # positions per chunk of the probes' vocabulary projection
+
+    # checkpointing
+    output_dir: str = "outputs/twotower"  # model/ (final), checkpoints/, runs/ (TensorBoard) go here
+    checkpointing_steps: int | None = None  # save_state every N optimizer steps (and at each epoch's end)
+    checkpoints_total_limit: int = 2  # keep only the last K checkpoints
+    resume_from_checkpoint: str | None = None  # "latest" (in output_dir/checkpoints) or a checkpoint folder
+
+    # logging
+    logging_steps: int = 10  # optimizer steps between log lines
+    eval_steps: int | None = None  # evaluate every N optimizer steps (and at each epoch's end)
+    report_to: str = "tensorboard"  # accelerate tracker(s), comma-separated: tensorboard, wandb, all, none
+    peak_tflops: float | None = None  # device peak in TFLOP/s for MFU; None = measured with a matmul at start
+    disable_tqdm: bool = False  # hide the progress bar (shown on the main process only)
+
+    # hub
+    push_to_hub: bool = False  # upload the final model folder with huggingface_hub
+    hub_model_id: str | None = None  # "user/name" of the model repository
+    hub_private_repo: bool = False
+
+    def __post_init__(self):
+        choices = {"phase": PHASES, "model_preset": tuple(PRESETS), "mixed_precision": (None, *MIXED_PRECISIONS),
+                   "objective": (None, *OBJECTIVES), "tower_type": (None, *TOWER_TYPES)}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}` is {getattr(self, name)!r}; choose one of {list(allowed)}.")
+        for name in ("block_size", "per_device_train_batch_size", "per_device_eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)!r}.")
+        if self.gradient_accumulation_steps <= 0:
+            raise ValueError(f"`gradient_accumulation_steps` must be >= 1, got {self.gradient_accumulation_steps}.")
+        if not 0 <= self.validation_split_percentage < 100:
+            raise ValueError(
+                f"`validation_split_percentage` must be in [0, 100), got {self.validation_split_percentage}."
+            )
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"`mlm_probability` must be in (0, 1), got {self.mlm_probability!r}.")
+        if self.phase == "probe" and self.pretrained_model is None:
+            raise ValueError("The probe phase needs `--pretrained_model DIR`, the folder of a pretrained model.")
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError("`--push_to_hub` needs `--hub_model_id user/name`.")
+
+    def model_overrides(self) -> dict:
+        """The model fields set in this config, to apply over `model_preset`."""
+        names = ("num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
+        names += ("intermediate_size", "lstm_hidden_size", "cooperative", "max_position_embeddings", "hidden_dropout", "attention_dropout")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def resolve_recipe_path(recipe: str) -> Path:
+    """A recipe name (`tiny`) is a file of training/recipes; anything else is a path to a YAML file."""
+    path = Path(recipe)
+    if path.suffix not in (".yaml", ".yml"):
+        path = RECIPES_DIR / f"{recipe}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"Recipe {recipe!r} not found (looked for {path}); known recipes: {known}.")
+    return path
+
+
+def read_recipe(recipe: str) -> dict:
+    path = resolve_recipe_path(recipe)
+    values = yaml.safe_load(path.read_text()) or {}
+    fields = {field.name for field in dataclasses.fields(TwoTowerTrainingConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"Recipe {path} sets unknown options {unknown}; see TwoTowerTrainingConfig for the names.")
+    return values
+
+
+def load_config(recipe_path: str | None = None, cli_args: list[str] | None = None) -> TwoTowerTrainingConfig:
+    """Defaults < recipe (YAML) < command line (`--key value`); returns the resolved config."""
+    parser = HfArgumentParser(TwoTowerTrainingConfig)
+    if recipe_path is not None:
+        parser.set_defaults(**{**read_recipe(recipe_path), "recipe": recipe_path})
+    (config,) = parser.parse_args_into_dataclasses(args=cli_args or [], look_for_args_file=False)
+    return config
+
+
+def save_config(config: TwoTowerTrainingConfig, folder: str | os.PathLike) -> Path:
+    """Write the resolved config as a recipe (`--recipe FOLDER/training_config.yaml` reruns it), atomically."""
+    path = Path(folder) / RESOLVED_CONFIG_NAME
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
+        yaml.safe_dump(dataclasses.asdict(config), tmp, sort_keys=False)
+    os.replace(tmp.name, path)
+    return path

@@ -1,0 +1,279 @@
+"""
+Train a two-tower language model (He & Toyoizumi 2022) with Accelerate, from raw text to a saved model.
+
+Phase `pretrain` (the paper's phase 1) trains the joint model; phase `probe` (phases 2 and 3) freezes it and
+trains one probe per tower. Options come from a recipe (training/recipes/*.yaml) overridden by `--key value`;
+`--help` lists them all. A run writes OUTPUT_DIR/model (the final model in the Hub layout),
+OUTPUT_DIR/checkpoints and OUTPUT_DIR/runs (TensorBoard).
+
+One CPU, the tiny recipe (minutes):
+    python -m twotower.training.train --recipe tiny --output_dir outputs/tiny \
+        --train_file ../shared/data/wikitext-2/train.txt --validation_file ../shared/data/wikitext-2/valid.txt
+    python -m twotower.training.train --recipe tiny_probe --output_dir outputs/tiny-probe \
+        --pretrained_model outputs/tiny/model \
+        --train_file ../shared/data/wikitext-2/train.txt --validation_file ../shared/data/wikitext-2/valid.txt
+
+Two CPU processes (gloo): the data is sharded, so halve the per-device batch to keep the global batch:
+    torchrun --nproc_per_node 2 -m twotower.training.train --recipe tiny --cpu --per_device_train_batch_size 8 ...
+
+One node with 8 GPUs (DDP; accelerate_configs/fsdp.yaml and deepspeed_zero2.yaml are the alternatives):
+    accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_processes 8 \
+        -m twotower.training.train --recipe base --output_dir outputs/base
+
+Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first (whose address is
+--main_process_ip) and 1 on the second; output_dir must be on a file system both see:
+    accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_machines 2 --num_processes 16 \
+        --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 \
+        -m twotower.training.train --recipe base --output_dir /shared/outputs/base
+"""
+
+import argparse
+import contextlib
+import math
+import sys
+import time
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import ProjectConfiguration
+from tqdm.auto import tqdm
+from transformers import get_scheduler, set_seed
+
+from .arguments import TwoTowerTrainingConfig, load_config
+from .checkpointing import load_checkpoint, resolve_resume_checkpoint, save_checkpoint, save_final_model
+from .data import load_raw_datasets, make_dataloaders, split_blocks, tokenize_and_group
+from .hub import check_hub_token, push_to_hub
+from .objectives import SeededMaskingCollator, make_collators, prediction_targets
+from .phases import (
+    build_model,
+    final_model_and_state_dict,
+    make_loss_function,
+    resolve_model_config,
+    resolve_objective,
+    trained_module,
+    weight_decay_groups,
+)
+from .throughput import flops_per_token, measure_peak_flops, throughput_metrics
+from .tokenizer import build_tokenizer
+from .validation import evaluate, format_metrics
+
+
+def get_dataloaders(
+    config: TwoTowerTrainingConfig, accelerator: Accelerator, objective: str, tower_type: str, resume_checkpoint=None
+):
+    """Raw text -> tokenizer -> blocks of block_size tokens -> (tokenizer, train and validation DataLoaders)."""
+    with accelerator.main_process_first():
+        raw_datasets = load_raw_datasets(
+            config.dataset_name, config.dataset_config_name, config.train_file, config.validation_file
+        )
+    tokenizer = build_tokenizer(config, raw_datasets["train"], accelerator, resume_checkpoint, objective == "masked")
+    train_collator, eval_collator = make_collators(objective, tower_type, tokenizer, config.mlm_probability, config.seed)
+    with accelerator.main_process_first():  # the main process tokenizes; the others read its cache
+        lm_datasets = tokenize_and_group(
+            raw_datasets, tokenizer, config.block_size, config.text_column_name,
+            config.preprocessing_num_workers, config.overwrite_cache,
+        )
+        lm_datasets = split_blocks(
+            lm_datasets, config.block_size, config.validation_split_percentage,
+            config.max_train_blocks, config.max_eval_blocks,
+        )
+    train_dataloader, eval_dataloader = make_dataloaders(
+        lm_datasets, config.per_device_train_batch_size, config.per_device_eval_batch_size,
+        train_collator, eval_collator,
+    )
+    return tokenizer, train_dataloader, eval_dataloader
+
+
+def accumulation_windows(batches, size: int):
+    """Group micro-batches into lists of `size` (the last may be shorter): one list per optimizer step."""
+    window = []
+    for batch in batches:
+        window.append(batch)
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def train_step(accelerator, trained, window, loss_function, optimizer, lr_scheduler, max_grad_norm, objective):
+    """Forward/backward over one accumulation window, clip, step; returns (global token-mean loss, grad norm)."""
+    # Weigh every target token of the global batch equally: count them over the window and all processes.
+    num_items = accelerator.gather(
+        sum(prediction_targets(batch["labels"], objective).ne(-100).sum() for batch in window)
+    ).sum()
+    step_loss = 0.0
+    for index, batch in enumerate(window):
+        is_last = index == len(window) - 1
+        with contextlib.nullcontext() if is_last else accelerator.no_sync(trained), accelerator.autocast():
+            loss = loss_function(batch, num_items)
+            # `loss` is already this micro-batch's share of the global token mean: undo accelerate's division
+            # by the accumulation steps and DDP's mean over processes.
+            accelerator.backward(loss * accelerator.gradient_accumulation_steps * accelerator.num_processes)
+        step_loss += loss.detach()
+    grad_norm = accelerator.clip_grad_norm_(trained.parameters(), max_grad_norm) if max_grad_norm > 0 else None
+    optimizer.step()
+    lr_scheduler.step()
+    optimizer.zero_grad()
+    return accelerator.reduce(step_loss, "sum").item(), grad_norm
+
+
+def training_function(config: TwoTowerTrainingConfig) -> dict:
+    """Run one phase; returns {"model_dir", "train_losses" (one per optimizer step), "eval_metrics" (final)}."""
+    # Check what can fail fast, before any long work
+    resume_checkpoint = None
+    if config.resume_from_checkpoint is not None:
+        resume_checkpoint = resolve_resume_checkpoint(config.resume_from_checkpoint, config.output_dir)
+    model_config = resolve_model_config(config)
+    objective = resolve_objective(config, model_config)
+    if config.push_to_hub:
+        check_hub_token()
+
+    # Initialize the accelerator; the seedable sampler makes the data order a function of (seed, epoch)
+    accelerator = Accelerator(
+        cpu=config.cpu,
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        log_with=None if config.report_to == "none" else config.report_to.split(","),
+        project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=f"{config.output_dir}/runs"),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        dynamo_backend="inductor" if config.torch_compile else None,
+    )
+    set_seed(config.seed)  # before the model is built, so that the seed also controls the new weights
+
+    # Data, model, optimizer: the whole model trains in pretraining, only the probes in the probe phase
+    tokenizer, train_dataloader, eval_dataloader = get_dataloaders(
+        config, accelerator, objective, model_config.tower_type, resume_checkpoint
+    )
+    model = build_model(config, model_config, tokenizer, objective)
+    trained = trained_module(config, model, accelerator.device)
+    optimizer = torch.optim.AdamW(
+        weight_decay_groups(trained, config.weight_decay),
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+    )
+
+    # Scheduler: accelerate steps it once per process at every optimizer step, hence the factors. (An accelerate
+    # config may set the accumulation steps: the accelerator's value is the one in force.)
+    accumulation_steps = accelerator.gradient_accumulation_steps
+    batches_per_process = math.ceil(len(train_dataloader) / accelerator.num_processes)
+    steps_per_epoch = math.ceil(batches_per_process / accumulation_steps)
+    max_train_steps = config.max_train_steps or config.num_train_epochs * steps_per_epoch
+    num_epochs = math.ceil(max_train_steps / steps_per_epoch)
+    lr_scheduler = get_scheduler(
+        config.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=config.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=max_train_steps * accelerator.num_processes,
+    )
+
+    # Prepare everything (in the probe phase the frozen backbone stays outside, unwrapped)
+    trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
+    loss_function = make_loss_function(config, model, trained)
+    eval_model, probe_model = (trained, None) if config.phase == "pretrain" else (model, model)
+
+    # Trackers and throughput accounting
+    accelerator.init_trackers(config.phase, config=vars(config))
+    train_flops_per_token = flops_per_token(model.config, config.block_size, config.phase)
+    peak_flops = config.peak_tflops * 1e12 if config.peak_tflops else measure_peak_flops(
+        accelerator.device, torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
+    )
+    tokens_per_batch = config.per_device_train_batch_size * config.block_size * accelerator.num_processes
+
+    # Resume: weights, optimizer, scheduler and RNG states, and the position in the data
+    completed_steps, starting_epoch, batches_to_skip = 0, 0, 0
+    if resume_checkpoint is not None:
+        progress = load_checkpoint(accelerator, resume_checkpoint, steps_per_epoch)
+        completed_steps, starting_epoch = progress["completed_steps"], progress["epoch"]
+        batches_to_skip = progress["batches_into_epoch"]
+        accelerator.print(f"Resumed from {resume_checkpoint} at step {completed_steps}")
+
+    def checkpoint(name: str, epoch: int, batches_into_epoch: int):
+        progress = dict(completed_steps=completed_steps, epoch=epoch, batches_into_epoch=batches_into_epoch,
+                        steps_per_epoch=steps_per_epoch)
+        save_checkpoint(accelerator, name, progress, tokenizer, config, config.checkpoints_total_limit)
+
+    def run_evaluation() -> dict:
+        metrics = evaluate(accelerator, eval_model, eval_dataloader, probe_model, config.probe_chunk_size)
+        accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=completed_steps)
+        accelerator.print(f"step {completed_steps}: validation {format_metrics(metrics)}")
+        trained.train()
+        return metrics
+
+    # Train
+    progress_bar = tqdm(
+        total=max_train_steps, initial=completed_steps,
+        disable=config.disable_tqdm or not accelerator.is_local_main_process,
+    )
+    train_losses, interval_losses, interval_tokens, eval_step = [], [], 0, None
+    interval_start = time.perf_counter()
+    trained.train()
+    for epoch in range(starting_epoch, num_epochs):
+        train_dataloader.set_epoch(epoch)
+        if isinstance(train_dataloader.collate_fn, SeededMaskingCollator):
+            train_dataloader.collate_fn.set_epoch(epoch)  # new masks every epoch, a function of (seed, epoch, block)
+        batches = train_dataloader
+        if batches_to_skip:  # resuming mid-epoch: the same order (seed, epoch) minus the batches already seen
+            batches = accelerator.skip_first_batches(train_dataloader, batches_to_skip)
+        batches_into_epoch, batches_to_skip = batches_to_skip, 0
+        for window in accumulation_windows(batches, accumulation_steps):
+            loss, grad_norm = train_step(
+                accelerator, trained, window, loss_function, optimizer, lr_scheduler, config.max_grad_norm, objective
+            )
+            completed_steps += 1
+            batches_into_epoch += len(window)
+            interval_tokens += len(window) * tokens_per_batch
+            train_losses.append(loss)
+            interval_losses.append(loss)
+            progress_bar.update(1)
+
+            if completed_steps % config.logging_steps == 0 or completed_steps == max_train_steps:
+                logs = {"loss": sum(interval_losses) / len(interval_losses), "lr": lr_scheduler.get_last_lr()[0],
+                        "epoch": epoch}
+                logs |= throughput_metrics(interval_tokens, time.perf_counter() - interval_start,
+                                           train_flops_per_token, peak_flops, accelerator.num_processes)
+                if grad_norm is not None:
+                    logs["grad_norm"] = float(grad_norm)
+                accelerator.log({f"train/{name}": value for name, value in logs.items()}, step=completed_steps)
+                progress_bar.set_postfix(loss=f"{logs['loss']:.3f}", lr=f"{logs['lr']:.2e}",
+                                         tok_s=f"{logs['tokens_per_s']:.0f}", mfu=f"{logs['mfu']:.1%}")
+                interval_losses, interval_tokens, interval_start = [], 0, time.perf_counter()
+            if config.eval_steps and completed_steps % config.eval_steps == 0:
+                eval_metrics, eval_step = run_evaluation(), completed_steps
+            end_of_epoch = batches_into_epoch == batches_per_process
+            if config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0 and not end_of_epoch:
+                checkpoint(f"step_{completed_steps}", epoch, batches_into_epoch)
+            if completed_steps >= max_train_steps:
+                break
+        if batches_into_epoch == batches_per_process:
+            checkpoint(f"epoch_{epoch}", epoch + 1, 0)
+        if completed_steps >= max_train_steps:
+            break
+    progress_bar.close()
+
+    # Evaluate the final weights, save them (Hub layout, atomically), push
+    if eval_step != completed_steps:
+        eval_metrics = run_evaluation()
+    final_model, state_dict = final_model_and_state_dict(accelerator, config, model, trained)
+    model_dir = save_final_model(accelerator, final_model, state_dict, tokenizer, config)
+    accelerator.end_training()
+    accelerator.print(f"Saved the {config.phase} model to {model_dir}")
+    if config.push_to_hub and accelerator.is_main_process:
+        url = push_to_hub(model_dir, config.hub_model_id, private=config.hub_private_repo)
+        accelerator.print(f"Pushed {model_dir} to {url}")
+    return {"model_dir": str(model_dir), "train_losses": train_losses, "eval_metrics": eval_metrics}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    recipe_parser = argparse.ArgumentParser(add_help=False)
+    recipe_parser.add_argument("--recipe")
+    recipe = recipe_parser.parse_known_args(argv)[0].recipe
+    return training_function(load_config(recipe, argv))
+
+
+if __name__ == "__main__":
+    main()
