@@ -1,0 +1,333 @@
+"""Sharing on the Hub: the staged model repository, its card, loading it from a Hub cache, and the metric Space.
+
+One tiny model is trained (pretrain, then probes) and scored once per session; the network calls of huggingface_hub
+are mocked, so these tests run offline.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import evaluate
+import numpy as np
+import pytest
+import torch
+from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub.repocard_data import model_index_to_eval_results
+from safetensors.torch import load_file, save_file
+
+from modeling_twotower import TwoTowerForCausalLM
+from twotower.evaluation.publish_metric import SPACE_FILES, stage_metric_space
+from twotower.evaluation.publish_metric import main as publish_metric_main
+from twotower.evaluation.score import score_model
+from twotower.evaluation.tower_preference.preference_stats import compute_preference
+from twotower.training.arguments import TwoTowerTrainingConfig
+from twotower.training.publish import main as publish_main
+from twotower.training.publish import stage_model_repo
+from twotower.training.train import training_function
+from transformers import AutoTokenizer
+
+REPO_ID = "tower-lab/twotower-test"
+FAKE_TOKEN = "hf_fakeTokenThatMustNeverBePrinted123"
+PROMPT = "The tower was built in"
+# Tiny but real: 2 towers x (2 layers, width 32) on the first 60 kB of WikiText-2 with a 400-token BPE.
+TRAINING = dict(
+    block_size=32, per_device_train_batch_size=8, per_device_eval_batch_size=16, hidden_size=32,
+    num_attention_heads=2, intermediate_size=64, cpu=True, report_to="none", disable_tqdm=True,
+    peak_tflops=1.0, logging_steps=10,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, shared_data):
+    """(probe model folder, report folder) of a tiny model trained and scored in this session."""
+    root = tmp_path_factory.mktemp("publish")
+    source = shared_data / "wikitext-2"
+    (root / "wikitext-2").mkdir()
+    train_file, validation_file = root / "wikitext-2" / "train.txt", root / "wikitext-2" / "valid.txt"
+    train_file.write_text((source / "train.txt").read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    validation_file.write_text((source / "valid.txt").read_text(encoding="utf-8")[:15_000], encoding="utf-8")
+    data = dict(train_file=str(train_file), validation_file=str(validation_file))
+
+    # Matrices this small gain nothing from threads, and on a busy 2-core machine threads make training ~10x slower.
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_and_score(root, data)
+    finally:
+        torch.set_num_threads(num_threads)
+
+
+def _train_and_score(root: Path, data: dict) -> tuple[Path, Path]:
+    pretrain = training_function(
+        TwoTowerTrainingConfig(
+            phase="pretrain", output_dir=str(root / "pretrain"), tokenizer_vocab_size=400, max_train_steps=20,
+            num_warmup_steps=2, **data, **TRAINING,
+        )
+    )  # fmt: skip
+    probe = training_function(
+        TwoTowerTrainingConfig(
+            phase="probe", pretrained_model=pretrain["model_dir"], output_dir=str(root / "probe"),
+            max_train_steps=10, **data, **TRAINING,
+        )
+    )  # fmt: skip
+    report_dir = root / "report"
+    score_model(probe["model_dir"], report_dir, block_size=32, min_count=3, disable_tqdm=True, cpu=True, **data)
+    return Path(probe["model_dir"]), report_dir
+
+
+@pytest.fixture(scope="session")
+def staged_repo(trained_run, tmp_path_factory):
+    model_dir, report_dir = trained_run
+    output_dir = tmp_path_factory.mktemp("staged") / "twotower-test"
+    return stage_model_repo(model_dir, output_dir, REPO_ID, report_dir, hardware="2 CPU cores")
+
+
+def test_staged_repo_holds_the_model_code_tokenizer_configs_and_report(trained_run, staged_repo):
+    model_dir, report_dir = trained_run
+    files = {path.relative_to(staged_repo).as_posix() for path in staged_repo.rglob("*") if path.is_file()}
+    expected = {
+        "README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "generation_config.json", "training_config.yaml", "training_config_pretrain.yaml", "evaluation/preference.json",
+        "evaluation/preference_per_token.csv", "evaluation/report.md", "evaluation/logprob_scatter.png", "evaluation/preference_histogram.png",
+        "evaluation/preference_vs_frequency.png",
+    }  # fmt: skip
+    code_files = {path.name for path in model_dir.glob("*.py")}  # the modeling files and the ones they import
+    assert {"configuration_twotower.py", "modeling_twotower.py"} <= code_files
+    assert files == expected | code_files
+    config = json.loads((staged_repo / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_twotower.TwoTowerForCausalLM"
+    assert (staged_repo / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    assert (staged_repo / "evaluation/preference.json").read_text() == (report_dir / "preference.json").read_text()
+    assert not list(staged_repo.parent.glob(".twotower-test.*")), "the temporary staging folder was left behind"
+
+
+def test_card_metadata_validates_offline_and_holds_the_real_numbers(trained_run, staged_repo):
+    model_dir, report_dir = trained_run
+    report = json.loads((report_dir / "preference.json").read_text())
+    card = ModelCard.load(staged_repo / "README.md")  # parses the YAML header as the Hub does
+
+    # The offline part of ModelCard.validate(): required fields, a round trip, and a model-index that parses.
+    metadata = card.data.to_dict()
+    assert ModelCardData(**metadata).to_dict() == metadata
+    assert metadata["license"] == "apache-2.0" and metadata["library_name"] == "transformers"
+    assert metadata["pipeline_tag"] == "text-generation" and "custom_code" in metadata["tags"]
+    assert metadata["datasets"] == ["wikitext-2"]
+    model_name, results = model_index_to_eval_results(metadata["model-index"])
+    assert model_name == "twotower-test"
+    measured = [report["perplexity"]["joint"], *report["perplexity"]["probes"]]
+    assert [result.metric_name for result in results] == [
+        "Perplexity (joint model)", "Perplexity (probe of tower 0)", "Perplexity (probe of tower 1)"
+    ]
+    assert [result.metric_value for result in results] == pytest.approx(measured, abs=1e-4)
+    assert {(result.metric_type, result.dataset_split, result.task_type) for result in results} == {
+        ("perplexity", "validation", "text-generation")
+    }
+
+    # The text: sizes and parameters counted independently, the recipe, the results, the plots, the citation.
+    model = TwoTowerForCausalLM.from_pretrained(model_dir)
+    num_probe_parameters = sum(param.numel() for param in model.probes.parameters())
+    num_parameters = model.num_parameters() - num_probe_parameters
+    text = card.text
+    assert f"| Parameters | {num_parameters:,} in the joint model + {num_probe_parameters:,} in the probes |" in text
+    assert "| Towers | 2 |" in text and "| Width of one tower (`hidden_size`) | 32 (fused width 64) |" in text
+    assert "| Length | 20 optimizer steps |" in text and "| Length | 10 optimizer steps |" in text
+    assert "AdamW, learning rate 0.001, betas (0.9, 0.98)" in text and "Hardware: 2 CPU cores." in text
+    for value in measured:
+        assert f"| {value:.2f} |" in text
+    summary = report["summary"]
+    assert f"| Predictions scored | {summary['num_predictions']:,} |" in text
+    assert f"{summary['num_significant']:,} of {summary['num_eligible_types']:,}" in text
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    top_token = json.dumps(tokenizer.decode([summary["top_token_ids"][0][0]]), ensure_ascii=False)
+    assert f"`{top_token}` ({summary['top_preference_nats'][0][0]:+.2f})" in text
+    for plot in ("logprob_scatter", "preference_histogram", "preference_vs_frequency"):
+        assert f"(evaluation/{plot}.png)" in text
+    assert 'trust_remote_code=True, revision=revision' in text and "masked-LM" in text
+    assert "arXiv:2210.07041" in text and "{{" not in text
+
+
+def _blob_name(path: Path) -> str:
+    """The blob name huggingface_hub gives a downloaded file: sha256 for LFS files, the git blob sha1 otherwise."""
+    data = path.read_bytes()
+    if path.suffix == ".safetensors":  # stored with Git LFS on the Hub
+        return hashlib.sha256(data).hexdigest()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def place_in_hub_cache(folder: Path, hub_cache: Path, repo_id: str) -> str:
+    """Lay `folder` out as huggingface_hub's cache does after a download of `repo_id`; returns the commit hash."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    commit = hashlib.sha1("".join(_blob_name(path) for path in files).encode()).hexdigest()
+    repo_cache = hub_cache / f"models--{repo_id.replace('/', '--')}"
+    (repo_cache / "blobs").mkdir(parents=True)
+    (repo_cache / "refs").mkdir()
+    (repo_cache / "refs" / "main").write_text(commit)
+    for path in files:
+        blob = repo_cache / "blobs" / _blob_name(path)
+        shutil.copyfile(path, blob)
+        link = repo_cache / "snapshots" / commit / path.relative_to(folder)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return commit
+
+
+LOAD_FROM_CACHE = """
+import sys
+sys.modules["modeling_twotower"] = None  # the package must not be importable: the Hub's custom code runs
+sys.modules["twotower"] = None
+try:
+    import modeling_twotower
+    raise SystemExit("modeling_twotower is importable")
+except ImportError:
+    pass
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+repo_id, commit, prompt, output = sys.argv[1:]
+outputs = {}
+for name, revision in (("main", None), ("pinned", commit)):
+    model = AutoModelForCausalLM.from_pretrained(repo_id, trust_remote_code=True, revision=revision)
+    tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision)
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    outputs[f"{name}.input_ids"] = input_ids
+    outputs[f"{name}.logits"] = model(input_ids).logits.detach()
+    outputs[f"{name}.probe_logprobs"] = model.probe_logprobs(input_ids).detach()
+    outputs[f"{name}.generated"] = model.generate(input_ids, max_new_tokens=8, do_sample=False)
+save_file({key: value.contiguous() for key, value in outputs.items()}, output)
+"""
+
+
+def test_staged_repo_loads_from_a_hub_cache_offline_without_the_package(trained_run, staged_repo, tmp_path):
+    model_dir, _ = trained_run
+    hf_home = tmp_path / "hf_home"
+    commit = place_in_hub_cache(staged_repo, hf_home / "hub", REPO_ID)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "PYTHONPATH"))}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_TOKEN=FAKE_TOKEN, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-c", LOAD_FROM_CACHE, REPO_ID, commit, PROMPT, str(tmp_path / "outputs.safetensors")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert FAKE_TOKEN not in result.stdout + result.stderr
+    outputs = load_file(tmp_path / "outputs.safetensors")
+
+    model = TwoTowerForCausalLM.from_pretrained(model_dir)  # the original, through the installed package
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(input_ids).logits
+        probe_logprobs = model.probe_logprobs(input_ids)
+    generated = model.generate(input_ids, max_new_tokens=8, do_sample=False)
+    for name in ("main", "pinned"):
+        torch.testing.assert_close(outputs[f"{name}.input_ids"], input_ids, rtol=0, atol=0)
+        torch.testing.assert_close(outputs[f"{name}.logits"], logits, rtol=0, atol=1e-6)
+        assert outputs[f"{name}.probe_logprobs"].shape == (2, 1, input_ids.shape[1] - 1)
+        torch.testing.assert_close(outputs[f"{name}.probe_logprobs"], probe_logprobs, rtol=0, atol=1e-6)
+        torch.testing.assert_close(outputs[f"{name}.generated"], generated, rtol=0, atol=0)
+    assert generated.shape == (1, input_ids.shape[1] + 8)
+
+
+@pytest.fixture
+def mocked_hub(monkeypatch):
+    """HfApi's network calls replaced by mocks; a fake token in the environment."""
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    commit = SimpleNamespace(commit_url=f"https://huggingface.co/{REPO_ID}/commit/0123abcd")
+    with (
+        mock.patch.object(HfApi, "create_repo") as create_repo,
+        mock.patch.object(HfApi, "create_branch") as create_branch,
+        mock.patch.object(HfApi, "upload_folder", return_value=commit) as upload_folder,
+    ):
+        yield SimpleNamespace(create_repo=create_repo, create_branch=create_branch, upload_folder=upload_folder)
+
+
+def test_publish_uploads_with_create_repo_and_upload_folder_and_never_prints_the_token(
+    trained_run, tmp_path, mocked_hub, capsys
+):
+    model_dir, report_dir = trained_run
+    output_dir = tmp_path / "repo"
+    publish_main([
+        "--model_dir", str(model_dir), "--report_dir", str(report_dir), "--repo_id", REPO_ID,
+        "--output_dir", str(output_dir), "--private", "--revision", "v0.1", "--commit_message", "First two-tower model",
+    ])  # fmt: skip
+    mocked_hub.create_repo.assert_called_once_with(
+        REPO_ID, repo_type="model", private=True, exist_ok=True, space_sdk=None
+    )
+    mocked_hub.create_branch.assert_called_once_with(REPO_ID, branch="v0.1", repo_type="model", exist_ok=True)
+    mocked_hub.upload_folder.assert_called_once_with(
+        repo_id=REPO_ID, folder_path=str(output_dir.resolve()), repo_type="model", revision="v0.1",
+        commit_message="First two-tower model",
+    )  # fmt: skip
+    assert 'revision="v0.1"' in (output_dir / "README.md").read_text()
+    captured = capsys.readouterr()
+    assert f"Uploaded to https://huggingface.co/{REPO_ID}/commit/0123abcd" in captured.out
+    assert FAKE_TOKEN not in captured.out + captured.err
+
+
+def test_dry_run_stages_and_lists_the_files_without_uploading(trained_run, tmp_path, mocked_hub, capsys):
+    model_dir, _ = trained_run
+    output_dir = tmp_path / "repo"
+    publish_main(["--model_dir", str(model_dir), "--repo_id", REPO_ID, "--output_dir", str(output_dir), "--dry-run"])
+    assert not (mocked_hub.create_repo.called or mocked_hub.create_branch.called or mocked_hub.upload_folder.called)
+    out = capsys.readouterr().out
+    size = (model_dir / "model.safetensors").stat().st_size
+    assert f"{size:>12,}  model.safetensors" in out and "README.md" in out
+    assert f"Dry run: nothing uploaded (would upload to {REPO_ID}@main)." in out
+    assert "No evaluation report was staged" in (output_dir / "README.md").read_text()
+
+
+def test_unpublishable_model_folders_raise_clear_errors(trained_run, tmp_path):
+    model_dir, _ = trained_run
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    (broken / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ValueError, match="pickled files \\['pytorch_model.bin'\\]"):
+        stage_model_repo(broken, tmp_path / "repo", REPO_ID)
+    (broken / "pytorch_model.bin").unlink()
+    (broken / "tokenizer_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="lacks \\['tokenizer_config.json'\\]"):
+        stage_model_repo(broken, tmp_path / "repo", REPO_ID)
+    with pytest.raises(ValueError, match="would replace the model folder"):
+        stage_model_repo(model_dir, model_dir.parent, REPO_ID)
+    with pytest.raises(FileNotFoundError, match="has no preference.json"):
+        stage_model_repo(model_dir, tmp_path / "repo", REPO_ID, report_dir=tmp_path)
+    assert not (tmp_path / "repo").exists()
+
+
+def test_metric_space_is_staged_and_loads_with_evaluate(tmp_path):
+    folder = stage_metric_space(tmp_path)
+    assert folder == tmp_path.resolve() / "tower_preference"
+    assert sorted(path.name for path in folder.iterdir()) == sorted(SPACE_FILES)
+    assert "sdk: gradio" in (folder / "README.md").read_text()
+
+    rng = np.random.default_rng(0)
+    token_ids = rng.integers(0, 30, size=400)
+    gold_logprobs = -rng.gamma(2.0, 1.0, size=(2, 400))  # [towers, predictions]
+    gold_logprobs[1, token_ids < 10] -= 1.5  # token types 0-9 planted as preferring tower 0
+    metric = evaluate.load(str(folder))
+    results = metric.compute(token_ids=token_ids.tolist(), gold_logprobs=gold_logprobs.T.tolist(), min_count=5)
+    expected = compute_preference(token_ids, gold_logprobs, min_count=5).to_dict()
+    assert results.keys() == expected.keys()
+    np.testing.assert_allclose(results["preference_nats"], expected["preference_nats"], rtol=1e-12)
+    assert results["significant"] == expected["significant"] and results["top_token_ids"] == expected["top_token_ids"]
+    assert set(results["top_token_ids"][0][:5]) <= set(range(10))
+
+
+def test_metric_space_push_creates_a_gradio_space(tmp_path, mocked_hub, capsys):
+    publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/tower_preference"])
+    mocked_hub.create_repo.assert_called_once_with(
+        "tower-lab/tower_preference", repo_type="space", private=False, exist_ok=True, space_sdk="gradio"
+    )
+    mocked_hub.create_branch.assert_not_called()
+    mocked_hub.upload_folder.assert_called_once_with(
+        repo_id="tower-lab/tower_preference", folder_path=str(tmp_path.resolve() / "tower_preference"),
+        repo_type="space", revision="main", commit_message="Upload the tower preference metric",
+    )  # fmt: skip
+    assert FAKE_TOKEN not in "".join(capsys.readouterr())
+    with pytest.raises(ValueError, match="must be `user/tower_preference`"):
+        publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/preference", "--dry-run"])
