@@ -67,7 +67,9 @@ def write_wikitext_task(wikitext_dir: str, output_dir: str, split: str = "test",
         "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
         "metadata": {"version": 1.0, "source": str(source)},
     }
-    task_yaml = yaml.safe_dump(task, sort_keys=False).replace("'!function utils.process_results'", "!function utils.process_results")
+    # `!function` is the harness's own YAML tag; safe_dump would quote it as a string.
+    task_yaml = yaml.safe_dump(task, sort_keys=False)
+    task_yaml = task_yaml.replace("'!function utils.process_results'", "!function utils.process_results")
     path = output / f"{TASK_NAME}.yaml"
     _write_atomic(path, task_yaml)
     return path
