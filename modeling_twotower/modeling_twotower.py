@@ -55,18 +55,23 @@ class TwoTowerCausalLMOutputWithPast(CausalLMOutputWithPast):
 
 
 class TwoTowerBatchedLinear(nn.Module):
-    """`num_towers` independent `nn.Linear` layers applied as one batched matmul; weight [towers, out, in]."""
+    """
+    `num_towers` independent linear layers applied as one batched matmul; weight [towers, in, out].
+
+    The weight is stored input-major (GPT-2's Conv1D layout), so that the batched matmul and its weight
+    gradient need no transposed copy.
+    """
 
     def __init__(self, num_towers: int, in_features: int, out_features: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_towers, out_features, in_features))
+        self.weight = nn.Parameter(torch.empty(num_towers, in_features, out_features))
         self.bias = nn.Parameter(torch.empty(num_towers, out_features))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # [towers, ..., in] -> [towers, ..., out]
         num_towers, *middle, in_features = hidden_states.shape
         flat = hidden_states.reshape(num_towers, -1, in_features)
-        out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))
+        out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight)
         return out.view(num_towers, *middle, -1)
 
 
@@ -227,7 +232,7 @@ class TwoTowerProbes(nn.Module):
         num_towers, batch, seq, hidden = features.shape
         if target_ids.shape != (batch, seq):
             raise ValueError(f"`target_ids` has shape {tuple(target_ids.shape)}, expected {(batch, seq)}.")
-        vocab_size = self.decoder.weight.shape[1]
+        vocab_size = self.decoder.weight.shape[-1]
         transformed = self.transform(features).reshape(num_towers, batch * seq, hidden)
         targets = target_ids.reshape(-1)
         ignored = targets == -100
@@ -527,9 +532,9 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         resized = TwoTowerBatchedLinear(self.config.num_towers, self.config.hidden_size, self.config.vocab_size)
         resized.to(device=decoder.weight.device, dtype=decoder.weight.dtype)
         self._init_weights(resized)
-        kept = min(decoder.weight.shape[1], self.config.vocab_size)
+        kept = min(decoder.weight.shape[-1], self.config.vocab_size)
         with torch.no_grad():
-            resized.weight[:, :kept] = decoder.weight[:, :kept]
+            resized.weight[:, :, :kept] = decoder.weight[:, :, :kept]
             resized.bias[:, :kept] = decoder.bias[:, :kept]
         return resized
 

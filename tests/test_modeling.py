@@ -106,15 +106,15 @@ def test_parameters_follow_the_paper_architecture():
     fused = 3 * HIDDEN
     assert model.model.embed_tokens.weight.shape == (VOCAB, fused)
     assert model.model.embed_positions.weight.shape == (32, fused)
-    assert model.model.tower_proj.weight.shape == (3, HIDDEN, fused)
-    assert model.model.layers[0].mlp.up_proj.weight.shape == (3, FFN, HIDDEN)
+    assert model.model.tower_proj.weight.shape == (3, fused, HIDDEN)  # [towers, in, out]
+    assert model.model.layers[0].mlp.up_proj.weight.shape == (3, HIDDEN, FFN)
     assert model.fusion_dense.weight.shape == (fused, fused)
     # decoder tied to the shared embedding (one tensor), plus an output bias initialised to zero
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert model.lm_head.bias.shape == (VOCAB,) and torch.count_nonzero(model.lm_head.bias) == 0
     # one untied probe per tower reading one tower's slice
     assert model.probes.dense.weight.shape == (3, HIDDEN, HIDDEN)
-    assert model.probes.decoder.weight.shape == (3, VOCAB, HIDDEN)
+    assert model.probes.decoder.weight.shape == (3, HIDDEN, VOCAB)
     std = model.model.layers[1].self_attn.q_proj.weight.std().item()
     assert abs(std - model.config.initializer_range) < 0.005
 
@@ -127,7 +127,7 @@ def _reference_tower(model, tower_idx, input_ids, params):
     embeddings = model.model.embed_norm(embeddings)
 
     def linear(name, x):
-        return x @ params[name + ".weight"].T + params[name + ".bias"]
+        return x @ params[name + ".weight"] + params[name + ".bias"]
 
     def layer_norm(name, x):
         return F.layer_norm(x, (x.shape[-1],), params[name + ".weight"], params[name + ".bias"], config.layer_norm_eps)
@@ -178,7 +178,7 @@ def test_perturbing_one_tower_leaves_the_others_unchanged():
     before = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
     with torch.no_grad():
         for layer in model.model.layers:
-            layer.mlp.up_proj.weight[0] += 0.5
+            layer.mlp.up_proj.weight[0] += torch.randn(layer.mlp.up_proj.weight[0].shape)
     after = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
     assert not torch.allclose(before[0], after[0])
     torch.testing.assert_close(before[1], after[1], rtol=0, atol=0)
@@ -441,7 +441,7 @@ def test_resize_token_embeddings_resizes_everything_sized_by_the_vocabulary():
     assert model.config.vocab_size == 128
     assert model.model.embed_tokens.weight.shape == (128, 2 * HIDDEN)
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.bias.shape == (128,)
-    assert model.probes.decoder.weight.shape == (2, 128, HIDDEN)
+    assert model.probes.decoder.weight.shape == (2, HIDDEN, 128)
     torch.testing.assert_close(model(input_ids).logits[..., :VOCAB], logits)
     new_probe_logits = model.probes.logits(model.probe_features(input_ids))
     torch.testing.assert_close(new_probe_logits[..., :VOCAB], probe_logits)
