@@ -1,0 +1,145 @@
+"""The three models the speed benchmark compares, built from one TwoTowerConfig, and the FLOPs each spends per token."""
+
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
+from transformers.activations import ACT2FN
+from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.modeling_outputs import CausalLMOutput
+
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+from twotower.training.throughput import flops_per_token as two_tower_flops_per_token
+
+TWO_TOWER = "two-tower"
+GPT2_EQUAL_FLOPS = "gpt2-equal-flops"
+REFERENCE = "reference"
+MODEL_NAMES = (TWO_TOWER, GPT2_EQUAL_FLOPS, REFERENCE)
+
+
+def gpt2_config(config: TwoTowerConfig, num_layers: int) -> GPT2Config:
+    """GPT-2 with one tower's width, heads, MLP, context, vocabulary, activation and dropout, `num_layers` deep."""
+    return GPT2Config(
+        vocab_size=config.vocab_size,
+        n_positions=config.max_position_embeddings,
+        n_embd=config.hidden_size,
+        n_layer=num_layers,
+        n_head=config.num_attention_heads,
+        n_inner=config.intermediate_size,
+        activation_function=config.hidden_act,
+        resid_pdrop=config.hidden_dropout,
+        embd_pdrop=config.hidden_dropout,
+        attn_pdrop=config.attention_dropout,
+        layer_norm_epsilon=config.layer_norm_eps,
+        initializer_range=config.initializer_range,
+        # GPT-2's default ids (50256) lie outside small vocabularies; the benchmark needs none of them.
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+
+
+def equal_flops_gpt2(config: TwoTowerConfig) -> GPT2LMHeadModel:
+    """Hugging Face GPT-2 of one tower's width and `num_towers * num_hidden_layers` deep (issue #7's baseline)."""
+    return GPT2LMHeadModel(gpt2_config(config, config.num_towers * config.num_hidden_layers))
+
+
+class ReferenceProbe(nn.Module):
+    """One probe as the reference code builds it: Linear, GELU, LayerNorm, Linear to the vocabulary (not tied)."""
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # [batch, seq, hidden] -> [batch, seq, vocab]
+        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
+
+
+class ReferenceTwoTowerGPT2(nn.Module):
+    """
+    The reference code's GPT variant as PAPER.md describes it, kept as the baseline to beat: `num_towers`
+    Hugging Face `GPT2Model`s of width h share one input embedding and run one after the other in a Python
+    loop; their last hidden states are concatenated, projected by Linear(num_towers * h -> h), and decoded by
+    a decoder tied to the shared embedding (plus an output bias). Probes score one after the other with full
+    [batch, seq, vocab] logits, after a single pass of the towers.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.towers = nn.ModuleList(
+            [GPT2Model(gpt2_config(config, config.num_hidden_layers)) for _ in range(config.num_towers)]
+        )
+        for tower in self.towers:
+            tower.set_input_embeddings(self.embed_tokens)  # one shared embedding, as in the reference code
+        self.fusion_dense = nn.Linear(config.num_towers * config.hidden_size, config.hidden_size)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.lm_head.weight = self.embed_tokens.weight
+        self.probes = nn.ModuleList([ReferenceProbe(config) for _ in range(config.num_towers)])
+
+    def set_attn_implementation(self, attn_implementation: str):
+        for tower in self.towers:
+            tower.set_attn_implementation(attn_implementation)
+
+    def activation_checkpointing_enable(self):
+        for tower in self.towers:
+            tower.activation_checkpointing_enable()
+
+    def tower_hidden_states(self, input_ids: torch.LongTensor) -> list[torch.Tensor]:
+        """Each tower's last hidden states, [batch, seq, hidden], computed one tower after the other."""
+        return [tower(input_ids=input_ids, use_cache=False).last_hidden_state for tower in self.towers]
+
+    def forward(self, input_ids: torch.LongTensor, labels: torch.LongTensor | None = None) -> CausalLMOutput:
+        fused_hidden_states = self.fusion_dense(torch.cat(self.tower_hidden_states(input_ids), dim=-1))
+        logits = self.lm_head(fused_hidden_states)  # [batch, seq, vocab]
+        loss = None if labels is None else ForCausalLMLoss(logits, labels, self.config.vocab_size)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+    def probe_logprobs(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """Each probe's log-probability of the next token, [num_towers, batch, seq - 1]."""
+        targets = input_ids[:, 1:].unsqueeze(-1)
+        gold_logprobs = []
+        for probe, hidden_states in zip(self.probes, self.tower_hidden_states(input_ids)):
+            logits = probe(hidden_states[:, :-1]).float()  # [batch, seq - 1, vocab]
+            gold_logprobs.append(logits.log_softmax(dim=-1).gather(-1, targets).squeeze(-1))
+        return torch.stack(gold_logprobs)
+
+
+def build_model(name: str, config: TwoTowerConfig, seed: int = 0) -> nn.Module:
+    """One of MODEL_NAMES at `config`'s sizes, with weights drawn from `seed`."""
+    builders = {TWO_TOWER: TwoTowerForCausalLM, GPT2_EQUAL_FLOPS: equal_flops_gpt2, REFERENCE: ReferenceTwoTowerGPT2}
+    if name not in builders:
+        raise ValueError(f"Unknown model {name!r}; choose one of {list(builders)}.")
+    torch.manual_seed(seed)
+    return builders[name](config)
+
+
+def gold_logprobs(model: nn.Module, input_ids: torch.LongTensor) -> torch.Tensor:
+    """The scoring pipeline: probes' log-probabilities of the next token, or the LM's own for GPT-2."""
+    if hasattr(model, "probe_logprobs"):
+        return model.probe_logprobs(input_ids)
+    logits = model(input_ids, use_cache=False).logits[:, :-1].float()  # [batch, seq - 1, vocab]
+    return logits.log_softmax(dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def training_flops_per_token(name: str, config: TwoTowerConfig, seq_len: int) -> float:
+    """
+    Model FLOPs of one training token (forward + backward), nanoGPT's estimate: 6 per matmul weight (the tied
+    decoder included, embedding lookups free) plus 12 * layers * width * seq_len for attention scores.
+    """
+    if name == TWO_TOWER:
+        return two_tower_flops_per_token(config, seq_len, "pretrain")
+    hidden, layers = config.hidden_size, config.num_towers * config.num_hidden_layers
+    stack = layers * (4 * hidden * hidden + 2 * hidden * config.intermediate_size)
+    head = config.vocab_size * hidden
+    if name == REFERENCE:
+        head += config.num_towers * hidden * hidden  # fusion_dense, Linear(num_towers * h -> h)
+    return 6 * (stack + head) + 12 * layers * hidden * seq_len
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Parameters used to predict tokens (shared ones once); probes are left out, they train in a later phase."""
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("probes."))

@@ -1,0 +1,319 @@
+"""
+Speed of the two-tower model side by side (issue #7): Hugging Face GPT-2 with equal FLOPs per token (one
+tower's width, num_towers * layers deep) and the reference code's approach (one GPT-2 per tower, run one after
+the other, then the fusion head), measured in one run on one machine: training tokens/s, step time, peak
+memory and MFU, cached greedy decoding (tokens/s) and the scoring pipeline (scored tokens/s), with the ratios.
+With --search, the fastest training setting for this machine ("$100K or 100 Days"), printed as an Accelerate
+config plus training arguments and the projected time of a recipe.
+
+CPU (figures of docs/BENCHMARKS.md; on a shared machine keep --num_threads at or below the free cores):
+    python -m benchmarks.bench_speed --sizes tiny small --search --quick --repeats 4 --rounds 2 \
+        --num_threads 1 --output docs/BENCHMARKS.md
+One GPU (bf16 autocast by default there), the paper's sizes, the full settings grid:
+    python -m benchmarks.bench_speed --sizes base large --search --global_batch_size 5120 --output docs/BENCHMARKS.md
+A smoke run (seconds):
+    python -m benchmarks.bench_speed --sizes tiny --vocab_size 128 --seq_len 32 --micro_batch 2 --quick
+"""
+
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import HfArgumentParser
+
+from modeling_twotower import TwoTowerConfig
+from twotower.training.arguments import RECIPES_DIR, read_recipe
+
+from .baselines import MODEL_NAMES, REFERENCE, TWO_TOWER, build_model, num_parameters, training_flops_per_token
+from .measure import PeakFlops, machine_info, release_memory
+from .report import comparison_markdown, config_line, machine_line, search_markdown, update_document
+from .settings_search import best_combination, candidate_settings, one_at_a_time, search_fastest_setting
+from .workloads import (
+    ATTN_IMPLEMENTATIONS,
+    COMPILE_MODES,
+    PRECISIONS,
+    Decoding,
+    Scoring,
+    Setting,
+    TrainingStep,
+    measure,
+    random_ids,
+    why_unsupported,
+)
+
+# Sizes by name: a model preset plus overrides.
+SIZES = {
+    "tiny": ("tiny", {"vocab_size": 8192}),  # the tiny recipe's BPE vocabulary
+    # between tiny and base: the paper's vocabulary at a width and depth a CPU trains in seconds per step
+    "small": ("base", {"hidden_size": 192, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 768}),
+    "base": ("base", {}),
+    "large": ("large", {}),
+}
+CPU_MICRO_BATCH, ACCELERATOR_MICRO_BATCH = 8, 64  # the comparison's default micro-batch
+CPU_MAX_MICRO_BATCH, CPU_QUICK_MAX_MICRO_BATCH, ACCELERATOR_MAX_MICRO_BATCH = 32, 8, 1024  # search caps
+CPU_MEMORY_BUDGET_FRACTION = 0.75  # of the RAM: what a CPU micro-batch may use (accelerators stop at out-of-memory)
+
+
+@dataclass
+class BenchmarkArguments:
+    # what to measure
+    sizes: list[str] = field(default_factory=lambda: ["tiny"])  # names in SIZES: tiny | small | base | large
+    vocab_size: int | None = None  # override for every size; None keeps the size's value (likewise below)
+    hidden_size: int | None = None  # width of ONE tower
+    num_hidden_layers: int | None = None  # layers per tower
+    num_attention_heads: int | None = None
+    intermediate_size: int | None = None
+    num_towers: int | None = None
+    seq_len: int | None = None  # tokens per sequence; None = the model's max_position_embeddings (128, the recipes')
+    micro_batch: int | None = None  # sequences per training step and scoring call; None = 8 on CPU, 64 on GPUs
+    new_tokens: int | None = None  # tokens generated per sequence; None = seq_len // 2, the prompt being the rest
+
+    # setting of the side-by-side comparison
+    precision: str | None = None  # fp32 | tf32 | bf16 | fp16; None = bf16 on GPUs that have it, else fp32
+    attn_implementation: str = "sdpa"  # sdpa | eager
+    compile: str = "none"  # none | full | regional (training only; decoding and scoring run uncompiled)
+    activation_checkpointing: bool = False
+
+    # timing and hardware
+    warmup: int = 1  # untimed calls before each block of timed calls of one workload
+    repeats: int | None = None  # timed calls per workload, the median is reported; None = 6 (3 with --quick)
+    rounds: int | None = None  # the timed calls are split into this many rounds over the models (fairer under
+    # load that comes and goes); None = 2 (1 with --quick)
+    device: str = "auto"  # auto (the accelerator if there is one, else cpu) | cpu | cuda | cuda:1 ...
+    num_threads: int | None = None  # torch CPU threads; None = torch's default (one per core). On a shared machine
+    # use fewer: threads that wait for a descheduled sibling at every op make each op many times slower
+    peak_tflops: float | None = None  # peak for MFU; None = datasheet bf16 peak of known GPUs, else measured matmul
+
+    # fastest-setting search (two-tower training)
+    search: bool = False
+    quick: bool = False  # search each value alone, then the best combination (not the grid); fewer timed calls
+    search_precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
+    search_attn_implementations: list[str] = field(default_factory=lambda: list(ATTN_IMPLEMENTATIONS))
+    search_compile_modes: list[str] = field(default_factory=lambda: list(COMPILE_MODES))
+    search_activation_checkpointing: list[str] = field(default_factory=lambda: ["off", "on"])  # off | on
+    max_micro_batch: int | None = None  # cap of the micro-batch search; None = 1024 on GPUs, 32 on CPU (8 quick)
+    memory_budget_gb: float | None = None  # CPU micro-batches must stay under it; None = 75% of the RAM
+    recipe: str | None = None  # training recipe to project the time of; None = the recipe named like the size
+    global_batch_size: int | None = None  # sequences per optimizer step; None = the recipe's on one process
+
+    # output
+    output: str | None = None  # markdown file whose sections for this machine and these sizes are rewritten
+
+    def __post_init__(self):
+        unknown = sorted(set(self.sizes) - set(SIZES))
+        if unknown:
+            raise ValueError(f"Unknown sizes {unknown}; choose from {list(SIZES)}.")
+        for name in ("seq_len", "micro_batch", "new_tokens", "max_micro_batch", "global_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
+        Setting(self.precision or "fp32", self.attn_implementation, self.compile)  # validates the values
+        for values, allowed in (
+            (self.search_precisions, PRECISIONS),
+            (self.search_attn_implementations, ATTN_IMPLEMENTATIONS),
+            (self.search_compile_modes, COMPILE_MODES),
+            (self.search_activation_checkpointing, ("off", "on")),
+        ):
+            if not values or set(values) - set(allowed):
+                raise ValueError(f"Search values {values} must be a non-empty subset of {list(allowed)}.")
+        if self.repeats is None:
+            self.repeats = 3 if self.quick else 6
+        if self.rounds is None:
+            self.rounds = min(self.repeats, 1 if self.quick else 2)
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"--num_threads must be >= 1, got {self.num_threads}.")
+        if not (self.repeats >= self.rounds >= 1 and self.warmup >= 0):
+            raise ValueError(
+                f"Need --repeats >= --rounds >= 1 and --warmup >= 0, got {self.repeats}, {self.rounds}, {self.warmup}."
+            )
+
+
+def resolve_device(name: str) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    return torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+
+
+def size_config(size: str, args: BenchmarkArguments) -> TwoTowerConfig:
+    preset, overrides = SIZES[size]
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    given = {name: getattr(args, name) for name in (*fields, "num_towers") if getattr(args, name) is not None}
+    if args.seq_len is not None:
+        given["max_position_embeddings"] = args.seq_len
+    return TwoTowerConfig.from_preset(preset, **{**overrides, **given})
+
+
+def compare_models(config, device, setting, args, each_round=None) -> dict:
+    """
+    Train, score and decode with the three models on the same dummy tokens, timed in rounds over the models.
+    MFU and ratios are left to `add_mfu_and_ratios`, once the run's peak FLOP/s is known.
+    """
+    seq_len = args.seq_len or config.max_position_embeddings
+    micro_batch = args.micro_batch or (CPU_MICRO_BATCH if device.type == "cpu" else ACCELERATOR_MICRO_BATCH)
+    new_tokens = args.new_tokens or seq_len // 2
+    if not 0 < new_tokens < seq_len:
+        raise ValueError(f"--new_tokens must be between 1 and seq_len - 1 ({seq_len - 1}), got {new_tokens}.")
+    input_ids = random_ids(config.vocab_size, micro_batch, seq_len, device)
+    prompt_ids = input_ids[:, : seq_len - new_tokens]
+    timing = dict(device=device, warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, each_round=each_round)
+
+    print("  training", flush=True)
+    models = {name: build_model(name, config) for name in MODEL_NAMES}
+    rows = {name: {"parameters": num_parameters(model)} for name, model in models.items()}
+    train = measure({name: TrainingStep(model, setting, device, input_ids) for name, model in models.items()}, **timing)
+    # fresh models for inference: no checkpointing, compilation or optimizer state left over
+    models = {name: build_model(name, config) for name in MODEL_NAMES}
+    release_memory(device)
+    print("  scoring", flush=True)
+    score = measure({name: Scoring(model, setting, input_ids) for name, model in models.items()}, **timing)
+    print("  decoding (the reference code has no cached generation)", flush=True)
+    decoding = {
+        name: Decoding(model, setting, prompt_ids, new_tokens) for name, model in models.items() if name != REFERENCE
+    }
+    decode = measure(decoding, **timing)
+    for name, row in rows.items():
+        row["flops_per_token"] = training_flops_per_token(name, config, seq_len)
+        row.update(train=asdict(train[name]), score=asdict(score[name]))
+        row["decode"] = asdict(decode[name]) if name in decode else None
+    del models, decoding
+    release_memory(device)
+    return {
+        "setting": str(setting),
+        "micro_batch": micro_batch,
+        "decode_batch": micro_batch,
+        "new_tokens": new_tokens,
+        "prompt_len": seq_len - new_tokens,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "models": rows,
+    }
+
+
+def add_mfu_and_ratios(comparison: dict, peak_flops: float) -> None:
+    """MFU of each model's training at the run's peak, and the two-tower model's ratio to each baseline."""
+    rows = comparison["models"]
+    for row in rows.values():
+        row["mfu"] = row["train"]["tokens_per_s"] * row["flops_per_token"] / peak_flops
+    two_tower = rows[TWO_TOWER]
+    comparison["ratios"] = {}
+    for name in MODEL_NAMES[1:]:
+        baseline = rows[name]
+        ratios = {key: two_tower[key] / baseline[key] for key in ("flops_per_token", "mfu")}
+        for workload in ("train", "score", "decode"):
+            rates = (two_tower[workload], baseline[workload])
+            ratios[workload] = None if None in rates else rates[0]["tokens_per_s"] / rates[1]["tokens_per_s"]
+        comparison["ratios"][name] = ratios
+
+
+def recipe_budget(size: str, args: BenchmarkArguments) -> dict:
+    """The recipe whose time is projected: its name, global batch and training tokens (None when open-ended)."""
+    recipe = args.recipe or (size if (RECIPES_DIR / f"{size}.yaml").is_file() else None)
+    values = read_recipe(recipe) if recipe else {}
+    default_batch = values.get("per_device_train_batch_size", 16) * values.get("gradient_accumulation_steps", 1)
+    global_batch = args.global_batch_size or default_batch
+    steps, block_size = values.get("max_train_steps"), values.get("block_size", 128)
+    tokens = steps * global_batch * block_size if steps else None
+    description = (
+        f"recipe `{recipe}` ({steps:,} steps x {global_batch:,} sequences x {block_size} tokens = {tokens:.3g} tokens)"
+        if tokens
+        else None
+    )
+    return {
+        "recipe": recipe,
+        "global_batch_size": global_batch,
+        "recipe_tokens": tokens,
+        "recipe_description": description,
+    }
+
+
+def run_search(config, device, args, size, each_round=None) -> dict:
+    """The fastest-setting search at this size: the grid, or with --quick each value alone then the best mix."""
+    seq_len = args.seq_len or config.max_position_embeddings
+    budget = recipe_budget(size, args)
+    cap = args.max_micro_batch or (
+        (CPU_QUICK_MAX_MICRO_BATCH if args.quick else CPU_MAX_MICRO_BATCH)
+        if device.type == "cpu"
+        else ACCELERATOR_MAX_MICRO_BATCH
+    )
+    cap = min(cap, budget["global_batch_size"])
+    memory_budget = None
+    if device.type == "cpu":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        given = args.memory_budget_gb * 2**30 if args.memory_budget_gb else None
+        memory_budget = int(given or CPU_MEMORY_BUDGET_FRACTION * ram)
+    axes = (
+        args.search_precisions,
+        args.search_attn_implementations,
+        args.search_compile_modes,
+        [value == "on" for value in args.search_activation_checkpointing],
+    )
+    search = dict(config=config, device=device, seq_len=seq_len, max_micro_batch=cap, memory_budget_bytes=memory_budget)
+    search.update(warmup=args.warmup, repeats=args.repeats, each_round=each_round)
+    print(f"  settings search ({'quick' if args.quick else 'grid'}):", flush=True)
+    if args.quick:
+        settings = one_at_a_time(*axes)
+        rows = search_fastest_setting(settings=settings, **search)
+        combined = best_combination(rows, settings[0]) if rows[0].status == "ok" else settings[0]
+        if combined not in settings:
+            rows += search_fastest_setting(settings=[combined], **search)
+    else:
+        rows = search_fastest_setting(settings=candidate_settings(*axes), **search)
+    gpus = torch.accelerator.device_count() if device.type != "cpu" else 0
+    why = f"this machine has {gpus} GPU(s)" if gpus < 2 else "the benchmark runs one process"
+    notes = [
+        f"DDP vs FSDP vs ZeRO: not searched ({why}); compare them by launching the training with "
+        f"training/accelerate_configs/ddp.yaml, fsdp.yaml and deepspeed_zero2.yaml"
+    ]
+    mode = "each value alone, then the best combination" if args.quick else "full grid"
+    flops = training_flops_per_token(TWO_TOWER, config, seq_len)
+    return {"rows": rows, "notes": notes, "mode": mode, "max_micro_batch": cap, "flops_per_token": flops, **budget}
+
+
+def run_benchmarks(args: BenchmarkArguments) -> dict:
+    """Measure every size in `args.sizes`; print each section, write it to `args.output`; return all figures."""
+    device = resolve_device(args.device)
+    precision = args.precision or ("bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32")
+    setting = Setting(precision, args.attn_implementation, args.compile, args.activation_checkpointing)
+    reason = why_unsupported(setting, device)
+    if reason is not None:
+        raise ValueError(f"The comparison's setting ({setting}) cannot run on {device}: {reason}.")
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    info = machine_info(device)
+    peak = PeakFlops(device, args.peak_tflops)
+    machine_key = (info["accelerator"] or f"cpu {info['cpu']}").replace(" ", "-")
+    results = {"machine": info, "sizes": {}}
+    for size in args.sizes:
+        config = size_config(size, args)
+        seq_len = args.seq_len or config.max_position_embeddings
+        print(f"[{size}] {config_line(config, seq_len)} on {device}", flush=True)
+        result = {"comparison": compare_models(config, device, setting, args, each_round=peak.sample)}
+        if args.search:
+            result["search"] = run_search(config, device, args, size, each_round=peak.sample)
+        # MFU last: a measured peak is the best matmul rate of all rounds so far
+        add_mfu_and_ratios(result["comparison"], peak.value)
+        body = [machine_line(info, peak.value, peak.source), "", f"Model: {config_line(config, seq_len)}.", ""]
+        body.append(comparison_markdown(result["comparison"]))
+        if args.search:
+            for row in result["search"]["rows"]:
+                if row.status == "ok":
+                    row.mfu = row.tokens_per_s * result["search"]["flops_per_token"] / peak.value
+            body += ["", search_markdown(result["search"], device)]
+        print("\n" + "\n".join(body) + "\n", flush=True)
+        if args.output:
+            title = f"{info['accelerator'] or 'CPU'}, size `{size}`"
+            update_document(args.output, f"{machine_key}:{size}", title, "\n".join(body))
+        results["sizes"][size] = result
+    results.update(peak_flops=peak.value, peak_source=peak.source)
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = HfArgumentParser(BenchmarkArguments)
+    (args,) = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    return run_benchmarks(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,262 @@
+"""benchmarks/: the baselines, FLOP counts, memory measurement, settings search, report, and the command itself."""
+
+import pytest
+import torch
+import yaml
+from accelerate.commands.config.config_args import load_config_from_file
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import bench_speed, settings_search
+from benchmarks.baselines import (
+    GPT2_EQUAL_FLOPS,
+    MODEL_NAMES,
+    REFERENCE,
+    TWO_TOWER,
+    build_model,
+    gold_logprobs,
+    num_parameters,
+    training_flops_per_token,
+)
+from benchmarks.measure import PeakTensorMemory, time_interleaved
+from benchmarks.report import update_document
+from benchmarks.settings_search import (
+    SearchRow,
+    accelerate_config,
+    best_combination,
+    fastest,
+    one_at_a_time,
+    search_fastest_setting,
+    training_arguments,
+)
+from benchmarks.workloads import Setting, why_unsupported
+from modeling_twotower import TwoTowerConfig
+
+# Odd sizes, so that a mis-reshaped tensor fails loudly.
+BATCH, SEQ, VOCAB, HIDDEN, LAYERS, HEADS, FFN = 3, 7, 99, 12, 2, 3, 37
+
+
+def tiny_config(**kwargs) -> TwoTowerConfig:
+    fields = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS)
+    return TwoTowerConfig(**{**fields, "intermediate_size": FFN, "max_position_embeddings": 16, **kwargs})
+
+
+def random_ids(seed=0):
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models gain nothing from threads, and on a busy machine threads waiting for each other make every
+    # op many times slower; the command's --num_threads also changes this global, so it is restored after.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- baselines and FLOPs
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_flops_per_token_equal_the_matmuls_torch_counts(name, num_towers):
+    # Eager attention runs as plain matmuls, so torch's counter sees every FLOP of the nanoGPT estimate.
+    config = tiny_config(num_towers=num_towers)
+    model = build_model(name, config)
+    model.set_attn_implementation("eager")
+    input_ids = random_ids()
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+    assert counter.get_total_flops() / (BATCH * SEQ) == training_flops_per_token(name, config, SEQ)
+
+
+def test_equal_flops_gpt2_has_the_towers_stack():
+    config = tiny_config(num_towers=3)
+    gpt2, two_tower = build_model(GPT2_EQUAL_FLOPS, config), build_model(TWO_TOWER, config)
+    assert (gpt2.config.n_layer, gpt2.config.n_embd, gpt2.config.n_inner) == (3 * LAYERS, HIDDEN, FFN)
+    gpt2_stack = sum(p.numel() for n, p in gpt2.transformer.h.named_parameters() if p.dim() == 2)
+    two_tower_stack = sum(p.numel() for n, p in two_tower.model.layers.named_parameters() if p.dim() == 3)
+    assert gpt2_stack == two_tower_stack == 3 * LAYERS * (4 * HIDDEN * HIDDEN + 2 * HIDDEN * FFN)
+
+
+def test_reference_shares_one_embedding_and_keeps_towers_apart():
+    config = tiny_config()
+    reference = build_model(REFERENCE, config).eval()
+    assert all(tower.wte is reference.embed_tokens for tower in reference.towers)
+    assert reference.lm_head.weight is reference.embed_tokens.weight
+    input_ids = random_ids()
+    before = reference.tower_hidden_states(input_ids)
+    with torch.no_grad():
+        for parameter in reference.towers[1].h.parameters():
+            parameter.add_(0.5)
+    after = reference.tower_hidden_states(input_ids)
+    torch.testing.assert_close(after[0], before[0], rtol=0, atol=0)
+    assert not torch.allclose(after[1], before[1])
+    # probes score one after the other; check against cross-entropy computed independently
+    expected = torch.stack(
+        [
+            -F.cross_entropy(probe(hidden[:, :-1]).transpose(1, 2), input_ids[:, 1:], reduction="none")
+            for probe, hidden in zip(reference.probes, after)
+        ]
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(gold_logprobs(reference, input_ids), expected)
+    assert num_parameters(reference) < sum(p.numel() for p in reference.parameters())  # probes left out
+
+
+def test_gpt2_scoring_is_the_language_models_own_log_probability():
+    gpt2 = build_model(GPT2_EQUAL_FLOPS, tiny_config()).eval()
+    input_ids = random_ids()
+    with torch.no_grad():
+        loss = gpt2(input_ids, labels=input_ids).loss
+        scored = gold_logprobs(gpt2, input_ids)
+    assert scored.shape == (BATCH, SEQ - 1)
+    torch.testing.assert_close(-scored.mean(), loss)
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def test_peak_tensor_memory_counts_live_storages_once():
+    a = torch.ones(1000, 250)  # 1 MB
+    with PeakTensorMemory([a]) as tracker:
+        b = a * 2  # 2 MB live
+        view = b[:10]  # a view: no new storage
+        c = b + a  # 3 MB: the peak
+        del b, view, c  # back to 1 MB
+        d = torch.cat([a, a])  # 1 + 2 MB
+    assert tracker.peak_bytes == 3_000_000
+    assert tracker.current_bytes == 3_000_000
+    del d
+    assert tracker.current_bytes == 1_000_000
+
+
+def test_timing_runs_blocks_of_calls_in_rounds():
+    log = []
+    calls = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
+
+    def between_rounds():
+        log.append("|")
+
+    timings = time_interleaved(calls, torch.device("cpu"), warmup=1, repeats=3, rounds=2, each_round=between_rounds)
+    # round 1: a (1 untimed + 2 timed), b (same); round 2: one timed call each after an untimed one
+    assert "".join(log) == "aaabbb|aabb|"
+    assert [len(timings[name].seconds) for name in calls] == [3, 3]
+
+
+# ---------------------------------------------------------------- settings search
+
+
+def test_unsupported_settings_on_cpu_say_why():
+    cpu = torch.device("cpu")
+    assert "NVIDIA" in why_unsupported(Setting(precision="tf32"), cpu)
+    assert "accelerators" in why_unsupported(Setting(precision="fp16"), cpu)
+    assert why_unsupported(Setting(precision="bf16", attn_implementation="eager"), cpu) is None
+    with pytest.raises(ValueError, match="precision"):
+        Setting(precision="fp8")
+
+
+def test_quick_search_changes_one_value_at_a_time_then_combines_the_winners():
+    settings = one_at_a_time(["fp32", "bf16"], ["sdpa", "eager"], ["none", "regional"], [False, True])
+    baseline = Setting()
+    assert settings == [
+        baseline,
+        Setting(precision="bf16"),
+        Setting(attn_implementation="eager"),
+        Setting(compile="regional"),
+        Setting(activation_checkpointing=True),
+    ]
+    rates = [100.0, 150.0, 90.0, 130.0, 70.0]  # bf16 and regional compilation win alone; eager and checkpoints lose
+    rows = [SearchRow(setting, "ok", 8, rate) for setting, rate in zip(settings, rates)]
+    assert best_combination(rows, baseline) == Setting(precision="bf16", compile="regional")
+    assert fastest(rows).setting == Setting(precision="bf16")
+
+
+def test_search_finds_the_largest_fitting_micro_batch_and_prunes_slow_settings(monkeypatch):
+    # Planted step times and memory limit: micro-batches up to 4 fit; bf16 steps take 10x as long as fp32 ones.
+    seconds_per_sequence = {"fp32": 1.0, "bf16": 10.0}
+
+    def planted_fits(config, setting, device, micro_batch, seq_len, memory_budget_bytes):
+        return micro_batch <= 4, seconds_per_sequence[setting.precision] * micro_batch
+
+    monkeypatch.setattr(settings_search, "fits", planted_fits)
+    rows = search_fastest_setting(
+        config=tiny_config(),
+        device=torch.device("cpu"),
+        settings=[Setting(), Setting(precision="bf16"), Setting(precision="tf32")],
+        seq_len=SEQ,
+        max_micro_batch=16,
+        memory_budget_bytes=None,
+        warmup=0,
+        repeats=1,
+        log=lambda line: None,
+    )
+    assert (rows[0].status, rows[0].micro_batch) == ("ok", 4)
+    assert rows[0].tokens_per_s > 0 and rows[0].peak_memory_bytes > 0
+    assert rows[1].status == "pruned: a step at micro-batch 1 took 10.0x the fastest"
+    assert rows[2].status.startswith("skipped: TF32")
+
+
+def test_fastest_setting_prints_as_an_accelerate_config_and_training_arguments(tmp_path):
+    setting = Setting(precision="bf16", compile="regional", activation_checkpointing=True)
+    path = tmp_path / "fastest.yaml"
+    path.write_text(yaml.safe_dump(accelerate_config(setting, torch.device("cuda"))))
+    loaded = load_config_from_file(str(path))
+    assert (loaded.mixed_precision, loaded.use_cpu, loaded.num_processes) == ("bf16", False, 1)
+    assert loaded.dynamo_config["dynamo_backend"] == "INDUCTOR"
+    assert loaded.dynamo_config["dynamo_use_regional_compilation"] is True
+    arguments = training_arguments(SearchRow(setting, "ok", micro_batch=48), global_batch_size=5120)
+    # 5120 sequences per optimizer step from micro-batches of 48: 107 accumulation steps (5136 sequences)
+    assert arguments == [
+        "--per_device_train_batch_size", "48", "--gradient_accumulation_steps", "107",
+        "--mixed_precision", "bf16", "--gradient_checkpointing", "true",
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- report and command
+
+
+def test_update_document_rewrites_only_its_own_section(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\nWritten by hand.\n")
+    update_document(path, "cpu:tiny", "CPU, tiny", "first")
+    update_document(path, "gpu:base", "GPU, base", "gpu figures")
+    update_document(path, "cpu:tiny", "CPU, tiny", "second")
+    text = path.read_text()
+    assert text.startswith("# Benchmarks\n\nWritten by hand.\n")
+    assert "second" in text and "first" not in text and "gpu figures" in text
+    assert text.index("CPU, tiny") < text.index("GPU, base")
+    assert [p.name for p in tmp_path.iterdir()] == ["BENCHMARKS.md"]  # no temporary file left behind
+
+
+def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
+    output = tmp_path / "BENCHMARKS.md"
+    argv = ["--sizes", "tiny", "--vocab_size", "97", "--hidden_size", "16", "--num_hidden_layers", "1"]
+    argv += ["--num_attention_heads", "2", "--intermediate_size", "24", "--seq_len", "12", "--micro_batch", "2"]
+    argv += ["--new_tokens", "4", "--warmup", "1", "--repeats", "1", "--num_threads", "1", "--device", "cpu"]
+    argv += ["--search", "--quick", "--max_micro_batch", "2", "--search_compile_modes", "none"]
+    argv += ["--search_precisions", "fp32", "tf32", "--search_activation_checkpointing", "off"]
+    argv += ["--output", str(output)]
+    results = bench_speed.main(argv)
+
+    comparison = results["sizes"]["tiny"]["comparison"]
+    models = comparison["models"]
+    assert models[REFERENCE]["decode"] is None
+    for name in MODEL_NAMES:
+        assert models[name]["train"]["tokens_per_s"] > 0 and models[name]["train"]["peak_memory_bytes"] > 0
+        assert models[name]["score"]["tokens_per_s"] > 0
+    ratio = models[TWO_TOWER]["train"]["tokens_per_s"] / models[GPT2_EQUAL_FLOPS]["train"]["tokens_per_s"]
+    assert comparison["ratios"][GPT2_EQUAL_FLOPS]["train"] == pytest.approx(ratio)
+
+    rows = results["sizes"]["tiny"]["search"]["rows"]
+    statuses = {str(row.setting): row.status for row in rows}
+    assert statuses["fp32, sdpa"] == "ok" and statuses["tf32, sdpa"].startswith("skipped")
+    assert {row.micro_batch for row in rows if row.status == "ok"} == {2}
+
+    text = output.read_text()
+    for expected in ("| two-tower |", "| gpt2-equal-flops |", "| reference |", "distributed_type: 'NO'"):
+        assert expected in text
+    assert "--recipe tiny --per_device_train_batch_size 2" in text
+    assert text.count("<!-- benchmark:") == text.count("<!-- /benchmark:") == 1  # one section
+    assert "| two-tower |" in capsys.readouterr().out
