@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: install (see scripts/install.sh), then the tiny recipe on a local corpus:
+# pretrain the joint two-tower model, train one probe per tower, and score tower preference on the
+# validation text. Usage: bash scripts/train_tiny.sh [WIKITEXT_DIR] [OUTPUT_DIR]
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+data="$(cd "${1:-$repo/../shared/data/wikitext-2}" && pwd)"
+out="${2:-$repo/outputs/tiny}"
+# shellcheck source=install.sh
+. "$repo/scripts/install.sh"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+corpus=(--train_file "$data/train.txt" --validation_file "$data/valid.txt")
+
+python -m twotower.training.train --recipe tiny --output_dir "$out/pretrain" "${corpus[@]}"
+python -m twotower.training.train --recipe tiny_probe --output_dir "$out/probe" \
+  --pretrained_model "$out/pretrain/model" "${corpus[@]}"
+python -m twotower.evaluation.score --model_dir "$out/probe/model" --output_dir "$out/report" \
+  --validation_file "$data/valid.txt"
+echo "Model with trained probes: $out/probe/model"
+echo "Preference report:         $out/report/report.md"
