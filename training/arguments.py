@@ -130,7 +130,8 @@ class TwoTowerTrainingConfig:
     def model_overrides(self) -> dict:
         """The model fields set in this config, to apply over `model_preset`."""
         names = ("num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
-        names += ("intermediate_size", "lstm_hidden_size", "cooperative", "max_position_embeddings", "hidden_dropout", "attention_dropout")
+        names += ("intermediate_size", "lstm_hidden_size", "cooperative", "max_position_embeddings")
+        names += ("hidden_dropout", "attention_dropout")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 

@@ -164,8 +164,10 @@ def describe_family(model_config: dict) -> dict:
     """What kind of two-tower model this is: objective, towers, cooperation, and the names the card uses for them."""
     objective, tower_type = objective_of(model_config), model_config.get("tower_type", "transformer")
     cooperative = model_config.get("cooperative", True)
-    if not needs_masking(objective, tower_type):
-        loss = "the next-token loss" if objective == "causal" else "the loss of every token given its left and right context"
+    if objective == "causal":
+        loss = "the next-token loss"
+    elif tower_type == "lstm":
+        loss = "the loss of every token given its left and right context"
     else:
         loss = "the masked-LM loss (15% of the tokens selected; 80% [MASK], 10% random, 10% unchanged)"
     loss += " of the fused logits" if cooperative else ", each tower through its own LM head, the towers' losses summed"

@@ -12,7 +12,8 @@ def _tower_weights(config) -> int:
         # input and recurrent weights into the 4 gates of every cell, then the projection back to the tower width
         per_layer = 8 * config.lstm_hidden_size * hidden + config.lstm_hidden_size * hidden
         if config.bidirectional:  # ELMo-style: a backward stack too, and [left; right] context -> tower width
-            return config.num_towers * (config.fused_hidden_size * hidden + 2 * layers * per_layer + 2 * hidden * hidden)
+            layers, context_proj = 2 * layers, 2 * hidden * hidden
+            return config.num_towers * (config.fused_hidden_size * hidden + layers * per_layer + context_proj)
     else:
         per_layer = 4 * hidden * hidden + 2 * hidden * config.intermediate_size  # q, k, v, o; MLP up and down
     return config.num_towers * (config.fused_hidden_size * hidden + layers * per_layer)

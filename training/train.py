@@ -67,7 +67,9 @@ def get_dataloaders(
             config.dataset_name, config.dataset_config_name, config.train_file, config.validation_file
         )
     tokenizer = build_tokenizer(config, raw_datasets["train"], accelerator, resume_checkpoint, objective == "masked")
-    train_collator, eval_collator = make_collators(objective, tower_type, tokenizer, config.mlm_probability, config.seed)
+    train_collator, eval_collator = make_collators(
+        objective, tower_type, tokenizer, config.mlm_probability, config.seed
+    )
     with accelerator.main_process_first():  # the main process tokenizes; the others read its cache
         lm_datasets = tokenize_and_group(
             raw_datasets, tokenizer, config.block_size, config.text_column_name,
