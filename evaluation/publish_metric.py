@@ -16,7 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from twotower.training.publish import describe_folder, fresh_staging_folder, replace_folder, upload_to_hub
+from twotower.training.hub import push_to_hub
+from twotower.training.publish import describe_folder, fresh_staging_folder, replace_folder
 
 METRIC_NAME = "tower_preference"
 METRIC_DIR = Path(__file__).resolve().parent / METRIC_NAME
@@ -59,7 +60,7 @@ def publish_metric(
     folder = stage_metric_space(output_dir)
     commit_url = None
     if not dry_run:
-        commit_url = upload_to_hub(
+        commit_url = push_to_hub(
             folder, repo_id, repo_type="space", space_sdk=SPACE_SDK,
             private=private, revision=revision, commit_message=commit_message,
         )  # fmt: skip

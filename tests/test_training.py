@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from accelerate import Accelerator
-from huggingface_hub import HfApi, RepoUrl
+from huggingface_hub import CommitInfo, HfApi, RepoUrl
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.nn import functional as F
@@ -260,9 +260,13 @@ def test_push_to_hub_uploads_the_final_folder(corpus, tmp_path, monkeypatch, cap
     secret = "hf_not_a_real_token_4c1d"
     monkeypatch.setenv("HF_TOKEN", secret)
     calls = {}
+    commit = CommitInfo(
+        commit_url="https://huggingface.co/someone/tiny-twotower/commit/0123abc", commit_message="Upload",
+        commit_description="", oid="0123abc",
+    )
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kwargs: calls.setdefault(
         "create_repo", (repo_id, kwargs)) and RepoUrl(f"https://huggingface.co/{repo_id}"))
-    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kwargs: calls.setdefault("upload_folder", kwargs))
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kwargs: calls.setdefault("upload_folder", kwargs) and commit)
     result = training_function(tiny_config(
         "tiny", corpus, tmp_path, max_train_steps=2, max_train_blocks=16, report_to="none", push_to_hub=True,
         hub_model_id="someone/tiny-twotower", hub_private_repo=True,

@@ -1,4 +1,4 @@
-"""Upload a saved model folder to the Hugging Face Hub with huggingface_hub (create_repo + upload_folder).
+"""Upload a folder (a model repository or a Space) to the Hugging Face Hub with huggingface_hub.
 
 The token comes from huggingface_hub's standard resolution (HF_TOKEN, then the cached `hf auth login`); this
 module never reads, logs or prints it.
@@ -16,10 +16,22 @@ def check_hub_token() -> None:
 
 
 def push_to_hub(
-    folder: str | os.PathLike, repo_id: str, private: bool = False, commit_message: str = "Upload two-tower model"
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    repo_type: str = "model",
+    private: bool = False,
+    revision: str = "main",
+    commit_message: str = "Upload two-tower model",
+    space_sdk: str | None = None,
 ) -> str:
-    """Create the model repository if needed and upload `folder` to it; returns the repository URL."""
+    """create_repo (+ create_branch for a revision other than main) + upload_folder; returns the commit URL."""
+    check_hub_token()
     api = HfApi()
-    repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, repo_type="model")
-    return str(repo_url)
+    api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True, space_sdk=space_sdk)
+    if revision != "main":
+        api.create_branch(repo_id, branch=revision, repo_type=repo_type, exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=repo_id, folder_path=str(folder), repo_type=repo_type, revision=revision, commit_message=commit_message
+    )
+    return commit.commit_url

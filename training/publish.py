@@ -23,12 +23,12 @@ import shutil
 from pathlib import Path
 
 import yaml
-from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from .arguments import RESOLVED_CONFIG_NAME
-from .hub import check_hub_token
+from .hub import push_to_hub
 from .objectives import AUTO_CLASSES, needs_masking, objective_of
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"
@@ -476,32 +476,6 @@ def describe_folder(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def upload_to_hub(
-    folder: str | os.PathLike,
-    repo_id: str,
-    *,
-    repo_type: str = "model",
-    private: bool = False,
-    revision: str = "main",
-    commit_message: str,
-    space_sdk: str | None = None,
-) -> str:
-    """create_repo (+ create_branch for a revision other than main) + upload_folder; returns the commit URL."""
-    check_hub_token()
-    api = HfApi()
-    api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True, space_sdk=space_sdk)
-    if revision != "main":
-        api.create_branch(repo_id, branch=revision, repo_type=repo_type, exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        repo_type=repo_type,
-        revision=revision,
-        commit_message=commit_message,
-    )
-    return commit.commit_url
-
-
 def publish_model(
     model_dir: str | os.PathLike,
     repo_id: str,
@@ -521,9 +495,7 @@ def publish_model(
     files = describe_folder(folder)
     commit_url = None
     if not dry_run:
-        commit_url = upload_to_hub(
-            folder, repo_id, private=private, revision=revision, commit_message=commit_message
-        )
+        commit_url = push_to_hub(folder, repo_id, private=private, revision=revision, commit_message=commit_message)
     return {"folder": str(folder), "files": files, "commit_url": commit_url}
 
 
