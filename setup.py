@@ -42,7 +42,6 @@ setup(
     extras_require={"lm-eval": ["lm-eval>=0.4.13,<0.5"], "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5"]},
     classifiers=[
         "Programming Language :: Python :: 3",
-        "License :: OSI Approved :: Apache Software License",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )
