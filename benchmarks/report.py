@@ -2,10 +2,11 @@
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import yaml
+
+from twotower.training.atomic import write_text_atomically
 
 from .baselines import MODEL_NAMES, TWO_TOWER
 from .measure import is_under_load
@@ -160,7 +161,4 @@ def update_document(path: str | os.PathLike, key: str, title: str, body: str) ->
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
-    return path
+    return write_text_atomically(path, text)

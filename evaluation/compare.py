@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import load_report, plot_preference_comparison, tower_columns, write_text
+from twotower.training.atomic import write_text_atomically
+
+from .report import load_report, plot_preference_comparison, tower_columns
 from .tower_preference.preference_stats import compare_preferences
 
 
@@ -58,7 +60,7 @@ def compare_reports(first_report_dir, second_report_dir, output_dir):
         "second_report": str(Path(second_report_dir).resolve()),
         **comparison,
     }
-    write_text(output_dir / COMPARISON_JSON, json.dumps(comparison, indent=2) + "\n")
+    write_text_atomically(output_dir / COMPARISON_JSON, json.dumps(comparison, indent=2) + "\n")
     return comparison
 
 

@@ -9,13 +9,13 @@ is evaluated through the harness's `hf` model type without the Hub:
 
 import argparse
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
+
+from twotower.training.atomic import write_text_atomically
 
 TASK_NAME = "wikitext2_local"
 HOOKS_FILE = Path(__file__).resolve().parent / "lm_eval_task" / "utils.py"
@@ -36,12 +36,6 @@ def split_articles(text: str) -> list[str]:
     return articles
 
 
-def _write_atomic(path: Path, text: str):
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
-
-
 def write_wikitext_task(wikitext_dir: str, output_dir: str, split: str = "test", max_documents: int | None = None):
     """Write `{TASK_NAME}.yaml`, its documents (JSON lines) and hooks into output_dir; returns the YAML path."""
     source = Path(wikitext_dir) / f"{split}.txt"
@@ -53,7 +47,7 @@ def write_wikitext_task(wikitext_dir: str, output_dir: str, split: str = "test",
     output = Path(output_dir).resolve()
     output.mkdir(parents=True, exist_ok=True)
     documents = output / f"{TASK_NAME}_{split}.jsonl"
-    _write_atomic(documents, "".join(json.dumps({"page": article}) + "\n" for article in articles))
+    write_text_atomically(documents, "".join(json.dumps({"page": article}) + "\n" for article in articles))
     shutil.copyfile(HOOKS_FILE, output / "utils.py")
     task = {
         "task": TASK_NAME,
@@ -71,7 +65,7 @@ def write_wikitext_task(wikitext_dir: str, output_dir: str, split: str = "test",
     task_yaml = yaml.safe_dump(task, sort_keys=False)
     task_yaml = task_yaml.replace("'!function utils.process_results'", "!function utils.process_results")
     path = output / f"{TASK_NAME}.yaml"
-    _write_atomic(path, task_yaml)
+    write_text_atomically(path, task_yaml)
     return path
 
 

@@ -17,7 +17,8 @@ import shutil
 from pathlib import Path
 
 from twotower.training.hub import push_to_hub
-from twotower.training.publish import describe_folder, fresh_staging_folder, replace_folder
+from twotower.training.atomic import fresh_staging_folder, replace_folder
+from twotower.training.publish import describe_folder
 
 METRIC_NAME = "tower_preference"
 METRIC_DIR = Path(__file__).resolve().parent / METRIC_NAME

@@ -14,8 +14,6 @@ Layout (every file written atomically: a temporary file in the same folder, then
 
 import itertools
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -26,6 +24,8 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
+
+from twotower.training.atomic import write_atomically, write_text_atomically  # noqa: E402
 
 
 PREFERENCE_JSON = "preference.json"
@@ -41,23 +41,6 @@ PER_TOKEN_COLUMNS = (
     "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "
     "(one per tower t), preferred_tower, p_value, eligible, significant"
 )
-
-
-def write_atomically(path, write):
-    """Call write(file_path) on a temporary path in path's folder, then rename it to path."""
-    path = Path(path)
-    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_text(path, text):
-    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def per_token_table(result, tokens):
@@ -274,12 +257,12 @@ def write_report(output_dir, report, result, tokens):
     output_dir.mkdir(parents=True, exist_ok=True)
     report = {**report, "summary": result.summary}
     table = per_token_table(result, tokens)
-    write_text(output_dir / PREFERENCE_JSON, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    write_text_atomically(output_dir / PREFERENCE_JSON, json.dumps(report, indent=2, allow_nan=False) + "\n")
     write_atomically(output_dir / PER_TOKEN_CSV, lambda tmp: table.to_csv(tmp, index=False))
     plot_logprob_scatter(table, output_dir / PLOTS["logprob_scatter"])
     plot_preference_histogram(table, output_dir / PLOTS["preference_histogram"])
     plot_preference_vs_frequency(table, output_dir / PLOTS["preference_vs_frequency"])
-    write_text(output_dir / REPORT_MD, render_markdown(report, table))
+    write_text_atomically(output_dir / REPORT_MD, render_markdown(report, table))
     return output_dir
 
 

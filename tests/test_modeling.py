@@ -4,7 +4,6 @@ import importlib
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import textwrap

@@ -20,7 +20,7 @@ import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from modeling_twotower import TwoTowerForCausalLM
 from twotower.evaluation.publish_metric import SPACE_FILES, stage_metric_space

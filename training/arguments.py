@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import yaml
 from transformers import HfArgumentParser
 
 from modeling_twotower.configuration_twotower import PRESETS, TOWER_TYPES
+
+from .atomic import write_text_atomically
 
 from .objectives import OBJECTIVES
 
@@ -167,8 +168,5 @@ def load_config(recipe_path: str | None = None, cli_args: list[str] | None = Non
 
 def save_config(config: TwoTowerTrainingConfig, folder: str | os.PathLike) -> Path:
     """Write the resolved config as a recipe (`--recipe FOLDER/training_config.yaml` reruns it), atomically."""
-    path = Path(folder) / RESOLVED_CONFIG_NAME
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
-        yaml.safe_dump(dataclasses.asdict(config), tmp, sort_keys=False)
-    os.replace(tmp.name, path)
-    return path
+    text = yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+    return write_text_atomically(Path(folder) / RESOLVED_CONFIG_NAME, text)

@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .atomic import fresh_staging_folder, replace_folder
 from .arguments import TwoTowerTrainingConfig, save_config
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -58,17 +59,13 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str, output_dir: str | os.
 def _write_atomically(accelerator, final: Path, write) -> None:
     """Run `write(folder)` on a temporary sibling of `final`, then rename it to `final` (main process renames)."""
     tmp = final.with_name(f".{final.name}.tmp")
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
+    if accelerator.is_main_process:
+        fresh_staging_folder(final)
     accelerator.wait_for_everyone()
     write(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        old = final.with_name(f".{final.name}.old")
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, final)
     accelerator.wait_for_everyone()
 
 

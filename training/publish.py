@@ -28,6 +28,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from .arguments import RESOLVED_CONFIG_NAME
+from .atomic import fresh_staging_folder, replace_folder
 from .hub import push_to_hub
 from .objectives import AUTO_CLASSES, needs_masking, objective_of
 
@@ -413,25 +414,6 @@ def render_model_card(
 
 
 # Staging and uploading
-
-
-def replace_folder(tmp: Path, final: Path) -> None:
-    """Move a completely written `tmp` folder to `final`, replacing what was there."""
-    old = final.with_name(f".{final.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def fresh_staging_folder(final: Path) -> Path:
-    """An empty temporary sibling of `final`, where a staged folder is written before it is renamed."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
 
 
 def stage_model_repo(
