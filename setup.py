@@ -18,7 +18,7 @@ setup(
     package_dir={"twotower.training": "training", "twotower.evaluation": "evaluation"},
     package_data={
         "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],
-        "twotower.evaluation": ["lm_eval_task/*.py"],
+        "twotower.evaluation": ["lm_eval_task/*.py", "study_recipes/*.yaml"],
         "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py"],
     },
     install_requires=[

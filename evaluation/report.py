@@ -180,6 +180,20 @@ def _objective_lines(report):
     return [f"Objective: {settings['objective']} LM ({kind}). Masking: {settings['masking']}.", ""]
 
 
+def _offset_line(summary):
+    """The global offset of each tower and whether the preferences shown are centered on it."""
+    offsets = ", ".join(f"tower {t} {value:+.3f}" for t, value in enumerate(summary["global_offset_nats"]))
+    centering = (
+        "the preferences below are centered: it was subtracted from each type's before testing."
+        if summary["centered"]
+        else "the preferences below are raw, not centered (`--center` subtracts it before testing each type)."
+    )
+    return (
+        f"Global offset (each tower's preference over all predictions; with two towers, the difference of the "
+        f"probes' log perplexities): {offsets} nats; {centering}"
+    )
+
+
 def render_markdown(report, table):
     """report.md: model and data, perplexities, the summary, the plots and each tower's top tokens."""
     summary, perplexity = report["summary"], report["perplexity"]
@@ -211,6 +225,8 @@ def render_markdown(report, table):
         f"The preference of a token type is {_preference_description(num_towers)}, in nats, over its occurrences. "
         f"Token types seen at least {summary['min_count']} times are eligible ({summary['num_eligible_types']}; "
         f"{summary['num_excluded_types']} excluded).",
+        "",
+        _offset_line(summary),
         "",
         "| tower | share of token types | share of occurrences | significant types |",
         "|---|---|---|---|",

@@ -53,7 +53,7 @@ DATA_FIELDS = (
     "dataset_name", "dataset_config_name", "text_column_name", "train_file", "validation_file",
     "validation_split_percentage", "split", "block_size", "max_blocks",
 )
-SETTINGS_FIELDS = ("batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k")
+SETTINGS_FIELDS = ("batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center")
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
 
 
@@ -91,6 +91,8 @@ class ScoringArguments:
     alpha: float = 0.05  # false discovery rate of Benjamini-Hochberg
     min_count: int = 10  # token types seen fewer times are excluded from shares, significance and consistency
     top_k: int = 20  # top tokens listed per tower
+    center: bool = False  # subtract the global offset (one tower better overall) before testing each type; see
+    # global_offset_nats in the summary and the tower_preference metric card
 
     def __post_init__(self):
         if self.split not in SPLITS:
@@ -260,7 +262,7 @@ def score_model(model_dir, output_dir, **options):
     accumulator, mean_nll = score_blocks(
         model, dataloader, args.probe_chunk_size, args.disable_tqdm, args.mask_passes, tokenizer.mask_token_id
     )
-    result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
+    result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
 
     report = {
         "model": {
@@ -302,9 +304,11 @@ def main(argv=None):
     consistency = summary["split_half_consistency"]
     print(
         f"Wrote {args.output_dir}: joint perplexity {report['perplexity']['joint']:.2f}, probe perplexities "
-        f"{', '.join(f'{value:.2f}' for value in report['perplexity']['probes'])}; "
+        f"{', '.join(f'{value:.2f}' for value in report['perplexity']['probes'])}; global offset "
+        f"{', '.join(f'{value:+.3f}' for value in summary['global_offset_nats'])} nats; "
         f"{summary['num_significant']} of {summary['num_eligible_types']} eligible token types prefer one tower "
-        f"significantly; split-half consistency {'n/a' if consistency is None else f'{consistency:.3f}'}."
+        f"significantly{' once centered on it' if args.center else ''}; split-half consistency "
+        f"{'n/a' if consistency is None else f'{consistency:.3f}'}."
     )
     return report
 

@@ -62,6 +62,20 @@ def test_compute_equals_the_core(tower_preference):
     assert results["num_predictions"] == 400 and len(results["token_ids"]) == results["num_token_types"]
 
 
+def test_centered_compute_equals_the_core(tower_preference):
+    token_ids, gold_logprobs = predictions(seed=2)
+    gold_logprobs = np.asarray(gold_logprobs) - [0.0, 0.5]  # [n, towers]: tower 1 worse overall
+    results = tower_preference.compute(
+        token_ids=token_ids, gold_logprobs=gold_logprobs.tolist(), min_count=5, center=True
+    )
+    expected = compute_preference(token_ids, gold_logprobs.T, min_count=5, center=True)
+    assert results == expected.to_dict()
+    mean_difference = gold_logprobs[:, 0].mean() - gold_logprobs[:, 1].mean()
+    assert results["centered"] and results["global_offset_nats"][0] == pytest.approx(mean_difference, abs=1e-12)
+    raw = compute_preference(token_ids, gold_logprobs.T, min_count=5)
+    assert results["preference_nats"] != raw.preference_nats.tolist()
+
+
 def test_add_batch_equals_one_compute(tower_preference):
     token_ids, gold_logprobs = predictions(seed=1)
     for start in range(0, len(token_ids), 150):

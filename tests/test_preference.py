@@ -242,6 +242,69 @@ def test_null_towers_give_no_consistency_and_nominal_false_positives():
     assert summary["type_share_preferring"][0] == pytest.approx(0.5, abs=0.06)
 
 
+def shifted_predictions(rng, num_predictions, vocab_size, shift_nats, spread_nats=0.15, noise=0.3):
+    """Token ids [n] and two towers' log-probs [2, n]: per-type preferences drawn around zero, plus shift_nats
+    for tower 0 on every prediction (tower 0 better overall). Returns (token_ids, gold_logprobs, planted [vocab]).
+    """
+    token_ids = rng.integers(0, vocab_size, num_predictions)
+    type_logprob = -rng.uniform(4.0, 8.0, vocab_size)
+    planted = rng.normal(0.0, spread_nats, vocab_size)  # tower 0 minus tower 1, before the shift
+    half_gap = (planted[token_ids] + shift_nats) / 2
+    gold_logprobs = type_logprob[token_ids] + np.stack([half_gap, -half_gap])
+    gold_logprobs += rng.normal(0.0, noise, gold_logprobs.shape)
+    return token_ids, np.minimum(gold_logprobs, 0.0), planted
+
+
+def test_centering_removes_a_planted_global_offset():
+    rng = np.random.default_rng(9)
+    token_ids, gold_logprobs, planted = shifted_predictions(rng, 40_000, 200, shift_nats=0.3)
+    raw = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT)
+    centered = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT, center=True)
+
+    # the better tower wins almost every type until its overall advantage is taken out
+    assert raw.summary["type_share_preferring"][0] > 0.95
+    assert centered.summary["type_share_preferring"][0] == pytest.approx(0.5, abs=0.1)
+    planted = planted[centered.token_ids]
+    assert np.corrcoef(centered.preference_nats[0], planted)[0, 1] > 0.95
+    large = np.abs(planted) > 0.2
+    assert large.sum() > 10
+    np.testing.assert_array_equal(centered.preferred_tower[large], np.where(planted[large] > 0, 0, 1))
+
+    # the offset is the difference of the towers' mean log-probs over all predictions
+    mean_difference = gold_logprobs[0].mean() - gold_logprobs[1].mean()
+    assert mean_difference == pytest.approx(0.3, abs=0.02)
+    offset = np.array([mean_difference, -mean_difference])
+    for result in (raw, centered):
+        np.testing.assert_allclose(result.summary["global_offset_nats"], offset, atol=1e-12)
+    assert (raw.summary["centered"], centered.summary["centered"]) == (False, True)
+    np.testing.assert_allclose(centered.preference_nats, raw.preference_nats - offset[:, None], atol=1e-12)
+    np.testing.assert_array_equal(centered.mean_logprob, raw.mean_logprob)
+    np.testing.assert_array_equal(centered.standard_error, raw.standard_error)
+    # a correlation ignores a shift shared by both halves
+    assert centered.summary["split_half_consistency"] == pytest.approx(raw.summary["split_half_consistency"], rel=1e-12)
+
+
+@pytest.mark.parametrize("num_towers", [2, 3], ids=["towers2", "towers3"])
+def test_centered_p_values_match_a_t_test_against_the_offset(num_towers):
+    rng = np.random.default_rng(10 + num_towers)
+    token_ids, gold_logprobs, _ = synthetic_predictions(rng, 1500, 15, planted_nats=0.4, num_towers=num_towers)
+    gold_logprobs[0] -= 0.2  # tower 0's probe worse overall
+    result = compute_preference(token_ids, gold_logprobs, min_count=MIN_COUNT, center=True)
+
+    # per-occurrence preference: each tower minus the mean of the others, and its mean over all predictions
+    others = (gold_logprobs.sum(axis=0) - gold_logprobs) / (num_towers - 1)
+    occurrence_preference = gold_logprobs - others  # [towers, n]
+    offset = occurrence_preference.mean(axis=1)
+    np.testing.assert_allclose(result.summary["global_offset_nats"], offset, atol=1e-12)
+    for column, token_id in enumerate(result.token_ids):
+        centered = occurrence_preference[:, token_ids == token_id] - offset[:, None]  # [towers, count]
+        preferred = int(np.argmax(centered.mean(axis=1)))
+        p_value = min(1.0, stats.ttest_1samp(centered[preferred], 0.0).pvalue * (num_towers if num_towers > 2 else 1))
+        assert result.preferred_tower[column] == preferred
+        np.testing.assert_allclose(result.preference_nats[:, column], centered.mean(axis=1), atol=1e-12)
+        assert result.p_value[column] == pytest.approx(p_value, rel=1e-7)
+
+
 def test_swapping_towers_flips_the_preference():
     rng = np.random.default_rng(5)
     token_ids, gold_logprobs, _ = synthetic_predictions(rng, 2000, 30, planted_nats=0.5)

@@ -139,6 +139,28 @@ def test_report_numbers_match_the_model_run_directly(scored):
     assert written["data"]["num_blocks"] == MAX_BLOCKS and written["settings"]["min_count"] == MIN_COUNT
 
 
+def test_centered_scoring(scored, tmp_path, capsys):
+    argv = [
+        "--model_dir", str(scored["model_dir"]), "--output_dir", str(tmp_path / "centered"),
+        "--validation_file", str(scored["validation_file"]), "--block_size", str(BLOCK_SIZE),
+        "--max_blocks", str(MAX_BLOCKS), "--batch_size", "5", "--min_count", str(MIN_COUNT), "--top_k", "5",
+        "--disable_tqdm", "--cpu", "--center",
+    ]
+    centered = score.main(argv)
+    expected = compute_preference(
+        scored["token_ids"], scored["gold_logprobs"], min_count=MIN_COUNT, top_k=5, center=True
+    )
+    assert_summaries_close(centered["summary"], expected.summary)
+    assert centered["settings"]["center"] and not scored["returned"]["settings"]["center"]
+    # the offset is the difference of the probes' log perplexities, tower 1's minus tower 0's
+    probe_perplexity = centered["perplexity"]["probes"]
+    offset = centered["summary"]["global_offset_nats"][0]
+    assert offset == pytest.approx(math.log(probe_perplexity[1] / probe_perplexity[0]), abs=1e-6)
+    assert "once centered on it" in capsys.readouterr().out
+    assert "are centered" in (tmp_path / "centered" / report.REPORT_MD).read_text()
+    assert "raw, not centered" in (scored["output_dir"] / report.REPORT_MD).read_text()
+
+
 def test_per_token_table_and_plots(scored):
     written, table = report.load_report(scored["output_dir"])
     expected = compute_preference(scored["token_ids"], scored["gold_logprobs"], min_count=MIN_COUNT)

@@ -21,15 +21,18 @@ from huggingface_hub import CommitInfo, HfApi, RepoUrl
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.nn import functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, set_seed
 
 import modeling_twotower
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
 from twotower.training.data import load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.early_stopping import EarlyStopping
 from twotower.training.phases import (
+    build_model,
     final_model_and_state_dict,
     make_loss_function,
+    resolve_model_config,
     trained_module,
     weight_decay_groups,
 )
@@ -146,6 +149,30 @@ def test_probe_phase_trains_only_the_probes(pretrain_run, probe_run):
         assert metrics[f"probe_{probe}_loss"] > metrics["loss"]  # one tower alone knows less than the two
 
 
+@pytest.mark.parametrize("control", [False, True], ids=["cooperative", "independent-towers-control"])
+def test_probe_phase_draws_new_probes_from_its_seed(pretrain_run, probe_run, control, tmp_path):
+    config, tokenizer = probe_run["config"], load_tokenizer(pretrain_run["model_dir"])
+    if control:  # its per-tower LM heads are TwoTowerProbes too, but trained ones: they must stay as saved
+        control_config = modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, cooperative=False)
+        modeling_twotower.TwoTowerForCausalLM(control_config).save_pretrained(tmp_path)
+        config = dataclasses.replace(config, pretrained_model=str(tmp_path))
+    saved = load_file(Path(config.pretrained_model) / "model.safetensors")
+
+    def built(seed: int) -> dict:
+        set_seed(seed)  # as train.py does before build_model
+        return build_model(config, resolve_model_config(config), tokenizer, "causal").state_dict()
+
+    first, again, other = built(1), built(1), built(2)
+    for name, tensor in saved.items():
+        if name.startswith("probes."):
+            assert torch.equal(first[name], again[name]), name  # equal seeds, equal probes
+        else:
+            assert torch.equal(first[name], tensor) and torch.equal(other[name], tensor), name  # as saved, bitwise
+    for name in ("probes.dense.weight", "probes.decoder.weight"):  # the random tensors (biases 0, norms 1)
+        assert not torch.equal(first[name], other[name]) and not torch.equal(first[name], saved[name]), name
+        assert first[name].std().item() == pytest.approx(0.02, rel=0.05)  # _init_weights' initializer_range
+
+
 def test_probe_loss_builds_no_graph_through_the_backbone(pretrain_run, probe_run):
     model = AutoModelForCausalLM.from_pretrained(pretrain_run["model_dir"])
     trained = trained_module(probe_run["config"], model, torch.device("cpu"))
@@ -195,6 +222,77 @@ def test_two_processes_match_one_process(corpus, tmp_path):
     assert two_losses == pytest.approx(one["train_losses"], rel=1e-5)
     two_eval = tensorboard_scalars(tmp_path / "two", "pretrain", "eval/loss")
     assert two_eval == pytest.approx([one["eval_metrics"]["loss"]], rel=1e-5)
+
+
+def script_evaluations(monkeypatch, *evaluations: tuple[float, ...]):
+    """Replace the validation pass by scripted metrics: (joint loss, probe losses...) per evaluation, in order."""
+    scripted = []
+    for loss, *probe_losses in evaluations:
+        metrics = {"loss": loss, "perplexity": math.exp(loss)}
+        for index, probe_loss in enumerate(probe_losses):
+            metrics |= {f"probe_{index}_loss": probe_loss, f"probe_{index}_perplexity": math.exp(probe_loss)}
+        scripted.append(metrics)
+    monkeypatch.setattr("twotower.training.train.evaluate", lambda *args, **kwargs: scripted.pop(0))
+
+
+def test_early_stopping_saves_the_best_evaluation(corpus, tmp_path, monkeypatch, capsys):
+    script_evaluations(monkeypatch, (3.0,), (2.0,), (2.5,), (2.6,), (2.7,))
+    result = training_function(tiny_config(
+        "tiny", corpus, tmp_path, max_train_steps=20, eval_steps=2, early_stopping_patience=2, checkpointing_steps=2,
+        checkpoints_total_limit=20, report_to="none",
+    ))
+    assert result["completed_steps"] == len(result["train_losses"]) == 8
+    assert result["stopped_early"] and result["best_step"] == 4 and result["eval_metrics"]["loss"] == 2.0
+    assert ("Stopped early at step 8: validation loss has not improved for 2 evaluations; keeping the weights of "
+            "step 4 (loss 2.0000)") in capsys.readouterr().out
+    # The saved model holds the weights of step 4, as accelerate's checkpoint of that step recorded them.
+    saved = load_file(tmp_path / "model" / "model.safetensors")
+    at_step = {step: load_file(tmp_path / "checkpoints" / f"step_{step}" / "model.safetensors") for step in (4, 8)}
+    assert saved.keys() == at_step[4].keys()
+    assert all(torch.equal(tensor, at_step[4][name]) for name, tensor in saved.items())
+    assert not all(torch.equal(tensor, at_step[8][name]) for name, tensor in saved.items())
+
+
+@pytest.mark.parametrize("last_loss, best_step", [(1.0, 7), (2.5, 6)], ids=["still-improving", "last-step-worse"])
+def test_early_stopping_without_a_stop_saves_the_best_of_all_evaluations(
+    last_loss, best_step, corpus, tmp_path, monkeypatch
+):
+    # Evaluations at steps 2, 4, 6 and, because step 7 ends the run, 7; the loss decreases at each but maybe the last.
+    script_evaluations(monkeypatch, (4.0,), (3.0,), (2.0,), (last_loss,))
+    result = training_function(tiny_config(
+        "tiny", corpus, tmp_path, max_train_steps=7, eval_steps=2, early_stopping_patience=1, checkpointing_steps=1,
+        checkpoints_total_limit=20, report_to="none",
+    ))
+    assert result["completed_steps"] == 7 and not result["stopped_early"] and result["best_step"] == best_step
+    assert result["eval_metrics"]["loss"] == min(2.0, last_loss)
+    saved = load_file(tmp_path / "model" / "model.safetensors")
+    at_best_step = load_file(tmp_path / "checkpoints" / f"step_{best_step}" / "model.safetensors")
+    assert all(torch.equal(tensor, at_best_step[name]) for name, tensor in saved.items())
+
+
+def test_early_stopping_of_probes_watches_their_mean_loss(pretrain_run, corpus, tmp_path, monkeypatch):
+    # (joint, probe 0, probe 1): the probes' mean improves at step 2 (3.5 < 4.0) and not at step 3 (3.95). Watching
+    # the joint loss would stop at step 2 (6.0 > 5.0), watching probe 0 alone would not stop at step 3 (2.9 < 3.0).
+    script_evaluations(monkeypatch, (5.0, 4.0, 4.0), (6.0, 3.0, 4.0), (4.0, 2.9, 5.0), (4.0, 2.0, 2.0))
+    result = training_function(tiny_config(
+        "tiny_probe", corpus, tmp_path, pretrained_model=pretrain_run["model_dir"], max_train_steps=5, eval_steps=1,
+        early_stopping_patience=1, checkpointing_steps=100, report_to="none",
+    ))
+    assert result["completed_steps"] == 3 and result["stopped_early"] and result["best_step"] == 2
+    assert result["eval_metrics"]["probe_0_loss"] == 3.0
+
+
+def test_early_stopping_counts_only_decreases_beyond_the_threshold():
+    stopping = EarlyStopping(patience=2, threshold=0.1)
+    weight = torch.nn.Parameter(torch.zeros(3))
+    for step, loss in enumerate((3.0, 2.95, 2.85, 2.80, 2.78), start=1):  # only 2.85 beats the best by over 0.1
+        weight.data.fill_(step)
+        stopping.update(loss, step, {"loss": loss}, lambda: {"weight": weight.detach(), "tied": weight.detach()})
+        assert stopping.should_stop == (step == 5)
+    assert stopping.best_step == 3 and stopping.best_loss == 2.85 and stopping.best_metrics == {"loss": 2.85}
+    # A copy of the weights of step 3, not a view of the live ones; tied weights still share one tensor.
+    assert torch.equal(stopping.best_state["weight"], torch.full((3,), 3.0))
+    assert stopping.best_state["tied"] is stopping.best_state["weight"]
 
 
 def test_recipe_and_command_line_override_defaults(pretrain_run, corpus):
@@ -310,6 +408,10 @@ BAD_INPUTS = {
                                   "is not a checkpoint folder"),
     "hub push without a repository": (dict(push_to_hub=True), ValueError, "hub_model_id"),
     "unknown phase": (dict(phase="finetune"), ValueError, "`phase` is 'finetune'"),
+    "early stopping patience 0": (dict(early_stopping_patience=0), ValueError,
+                                  "`early_stopping_patience` must be >= 1"),
+    "early stopping without evaluations": (dict(early_stopping_patience=3, eval_steps=0), ValueError,
+                                           "needs `--eval_steps N`"),
 }
 
 

@@ -101,6 +101,11 @@ class TwoTowerTrainingConfig:
     peak_tflops: float | None = None  # device peak in TFLOP/s for MFU; None = measured with a matmul at start
     disable_tqdm: bool = False  # hide the progress bar (shown on the main process only)
 
+    # early stopping on the validation loss: the joint model's (pretrain), the mean over the probes' (probe)
+    early_stopping_patience: int | None = None  # stop after N evaluations in a row without improvement and save
+    # the best evaluation's weights; needs eval_steps; None = off. A resumed run starts counting afresh.
+    early_stopping_threshold: float = 0.0  # minimum decrease of the validation loss that counts as an improvement
+
     # hub
     push_to_hub: bool = False  # upload the final model folder with huggingface_hub
     hub_model_id: str | None = None  # "user/name" of the model repository
@@ -125,6 +130,18 @@ class TwoTowerTrainingConfig:
             raise ValueError(f"`mlm_probability` must be in (0, 1), got {self.mlm_probability!r}.")
         if self.phase == "probe" and self.pretrained_model is None:
             raise ValueError("The probe phase needs `--pretrained_model DIR`, the folder of a pretrained model.")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            raise ValueError(
+                f"`early_stopping_patience` must be >= 1 (evaluations without improvement before stopping), got "
+                f"{self.early_stopping_patience}; leave it unset to train without early stopping."
+            )
+        if self.early_stopping_patience is not None and not self.eval_steps:
+            raise ValueError(
+                "`early_stopping_patience` watches the validation loss: it needs `--eval_steps N` (evaluate every N "
+                "optimizer steps)."
+            )
+        if self.early_stopping_threshold < 0:
+            raise ValueError(f"`early_stopping_threshold` must be >= 0, got {self.early_stopping_threshold}.")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("`--push_to_hub` needs `--hub_model_id user/name`.")
 

@@ -67,7 +67,9 @@ def build_model(config: TwoTowerTrainingConfig, model_config: TwoTowerConfig, to
     """The pretrained model (probe), or a new one whose vocabulary is the tokenizer's padded to a multiple of 64."""
     if config.phase == "probe":
         check_tokenizer_fits(tokenizer, model_config.vocab_size)
-        return MODEL_CLASSES[objective].from_pretrained(config.pretrained_model)
+        model = MODEL_CLASSES[objective].from_pretrained(config.pretrained_model)
+        reinitialize_probes(model)
+        return model
     model_config = TwoTowerConfig.from_preset(
         config.model_preset,
         vocab_size=padded_vocab_size(tokenizer),
@@ -80,6 +82,19 @@ def build_model(config: TwoTowerTrainingConfig, model_config: TwoTowerConfig, to
     if config.gradient_checkpointing:
         model.activation_checkpointing_enable()
     return model
+
+
+def reinitialize_probes(model):
+    """
+    Draw new probe weights from the current seed. The saved probes hold the pretraining run's random init, so
+    probe runs with different seeds would otherwise all start from the same probes.
+    """
+    # from_pretrained flags every loaded tensor `_is_hf_initialized`, and transformers' init functions leave
+    # flagged tensors alone: without clearing the flags, `_init_weights` would change nothing. Only `probes`:
+    # the independent-towers control's `tower_lm_heads` are the same module class but trained.
+    for param in model.probes.parameters():
+        vars(param).pop("_is_hf_initialized", None)
+    model.probes.apply(model._init_weights)
 
 
 def trained_module(config: TwoTowerTrainingConfig, model, device: torch.device) -> nn.Module:
@@ -122,12 +137,21 @@ def make_loss_function(config: TwoTowerTrainingConfig, model, trained: nn.Module
     return probe_loss
 
 
-def final_model_and_state_dict(accelerator, config: TwoTowerTrainingConfig, model, trained):
-    """The model to save and its full state dict (gathered from every process under FSDP/DeepSpeed)."""
+def trained_state_dict(accelerator, trained) -> dict:
+    """The trained module's full state dict (gathered from every process under FSDP/DeepSpeed)."""
     # torch.compile's wrapper prefixes every key with `_orig_mod.`; the saved model must not carry it.
-    trained_state = {
-        name.removeprefix("_orig_mod."): value for name, value in accelerator.get_state_dict(trained).items()
-    }
+    return {name.removeprefix("_orig_mod."): value for name, value in accelerator.get_state_dict(trained).items()}
+
+
+def final_model_and_state_dict(
+    accelerator, config: TwoTowerTrainingConfig, model, trained, trained_state: dict | None = None
+):
+    """
+    The model to save and its full state dict. `trained_state` (e.g. the best evaluation's, from early stopping)
+    replaces the trained module's current weights.
+    """
+    if trained_state is None:
+        trained_state = trained_state_dict(accelerator, trained)
     if config.phase == "pretrain":
         return accelerator.unwrap_model(trained, keep_torch_compile=False), trained_state
     return model, {**model.state_dict(), **{f"probes.{name}": value for name, value in trained_state.items()}}

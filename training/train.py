@@ -42,6 +42,7 @@ from transformers import get_scheduler, set_seed
 from .arguments import TwoTowerTrainingConfig, load_config
 from .checkpointing import load_checkpoint, resolve_resume_checkpoint, save_checkpoint, save_final_model
 from .data import load_raw_datasets, make_dataloaders, split_blocks, tokenize_and_group
+from .early_stopping import EarlyStopping, monitored_loss
 from .hub import check_hub_token, push_to_hub
 from .objectives import SeededMaskingCollator, make_collators, prediction_targets
 from .phases import (
@@ -51,6 +52,7 @@ from .phases import (
     resolve_model_config,
     resolve_objective,
     trained_module,
+    trained_state_dict,
     weight_decay_groups,
 )
 from .throughput import flops_per_token, measure_peak_flops, throughput_metrics
@@ -121,7 +123,10 @@ def train_step(accelerator, trained, window, loss_function, optimizer, lr_schedu
 
 
 def training_function(config: TwoTowerTrainingConfig) -> dict:
-    """Run one phase; returns {"model_dir", "train_losses" (one per optimizer step), "eval_metrics" (final)}."""
+    """
+    Run one phase; returns {"model_dir", "train_losses" (one per optimizer step), "eval_metrics" (of the saved
+    weights), "completed_steps", "best_step" (the saved evaluation's, None without early stopping), "stopped_early"}.
+    """
     # Check what can fail fast, before any long work
     resume_checkpoint = None
     if config.resume_from_checkpoint is not None:
@@ -198,10 +203,18 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
                         steps_per_epoch=steps_per_epoch)
         save_checkpoint(accelerator, name, progress, tokenizer, config, config.checkpoints_total_limit)
 
+    # Early stopping keeps the best evaluation's weights on CPU; its count restarts when a run resumes
+    early_stopping = None
+    if config.early_stopping_patience is not None:
+        early_stopping = EarlyStopping(config.early_stopping_patience, config.early_stopping_threshold)
+
     def run_evaluation() -> dict:
         metrics = evaluate(accelerator, eval_model, eval_dataloader, probe_model, config.probe_chunk_size)
         accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=completed_steps)
         accelerator.print(f"step {completed_steps}: validation {format_metrics(metrics)}")
+        if early_stopping is not None:
+            early_stopping.update(monitored_loss(metrics, config.phase), completed_steps, metrics,
+                                  lambda: trained_state_dict(accelerator, trained))
         trained.train()
         return metrics
 
@@ -210,7 +223,7 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         total=max_train_steps, initial=completed_steps,
         disable=config.disable_tqdm or not accelerator.is_local_main_process,
     )
-    train_losses, interval_losses, interval_tokens, eval_step = [], [], 0, None
+    train_losses, interval_losses, interval_tokens, eval_step, stopped_early = [], [], 0, None, False
     interval_start = time.perf_counter()
     trained.train()
     for epoch in range(starting_epoch, num_epochs):
@@ -250,23 +263,40 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
                 checkpoint(f"step_{completed_steps}", epoch, batches_into_epoch)
             if completed_steps >= max_train_steps:
                 break
+            if early_stopping is not None and early_stopping.should_stop:
+                stopped_early = True
+                break
         if batches_into_epoch == batches_per_process:
             checkpoint(f"epoch_{epoch}", epoch + 1, 0)
-        if completed_steps >= max_train_steps:
+        if completed_steps >= max_train_steps or stopped_early:
             break
     progress_bar.close()
 
-    # Evaluate the final weights, save them (Hub layout, atomically), push
+    # Evaluate the final weights (with early stopping: keep the best evaluation's), save them (Hub layout,
+    # atomically), push
     if eval_step != completed_steps:
         eval_metrics = run_evaluation()
-    final_model, state_dict = final_model_and_state_dict(accelerator, config, model, trained)
+    best_state = None
+    if early_stopping is not None and early_stopping.best_step not in (None, completed_steps):
+        eval_metrics, best_state = early_stopping.best_metrics, early_stopping.best_state
+        reason = f"Step {completed_steps} is not the best evaluation"
+        if stopped_early:
+            reason = (f"Stopped early at step {completed_steps}: validation loss has not improved for "
+                      f"{early_stopping.patience} evaluations")
+        accelerator.print(f"{reason}; keeping the weights of step {early_stopping.best_step} "
+                          f"(loss {early_stopping.best_loss:.4f})")
+    final_model, state_dict = final_model_and_state_dict(accelerator, config, model, trained, best_state)
     model_dir = save_final_model(accelerator, final_model, state_dict, tokenizer, config)
     accelerator.end_training()
     accelerator.print(f"Saved the {config.phase} model to {model_dir}")
     if config.push_to_hub and accelerator.is_main_process:
         url = push_to_hub(model_dir, config.hub_model_id, private=config.hub_private_repo)
         accelerator.print(f"Pushed {model_dir} to {url}")
-    return {"model_dir": str(model_dir), "train_losses": train_losses, "eval_metrics": eval_metrics}
+    return {
+        "model_dir": str(model_dir), "train_losses": train_losses, "eval_metrics": eval_metrics,
+        "completed_steps": completed_steps, "best_step": early_stopping.best_step if early_stopping else None,
+        "stopped_early": stopped_early,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:

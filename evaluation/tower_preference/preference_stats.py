@@ -22,6 +22,13 @@ Sign convention: the preference of tower t is its mean log-probability minus the
 other towers' mean log-probabilities, in nats; positive means tower t predicts the type better.
 With two towers, row 0 is tower 0 minus tower 1 and row 1 is its negative.
 
+Global offset: when one tower is better overall (lower probe perplexity), every type's preference
+shifts the same way. The offset of tower t is the occurrence-weighted mean of its per-occurrence
+preference, i.e. the preference of the mean log-probability over all predictions (with two towers,
+the difference of the probes' log perplexities). It is always reported; with center=True it is
+subtracted from every type's preference before testing, so what remains is each type's preference
+relative to the towers' overall difference.
+
 This file needs only numpy and scipy, so the `evaluate` module beside it and the twotower
 package (`twotower.evaluation`) share one copy of the maths.
 """
@@ -163,7 +170,8 @@ class PreferenceResult:
     token_ids: np.ndarray  # [types] int64, observed token ids in increasing order
     count: np.ndarray  # [types] int64, occurrences of each type
     mean_logprob: np.ndarray  # [towers, types] mean gold log-probability under each tower's probe
-    preference_nats: np.ndarray  # [towers, types] tower t minus the mean of the other towers
+    preference_nats: np.ndarray  # [towers, types] tower t minus the mean of the other towers (minus the global
+    # offset when centered)
     standard_error: np.ndarray  # [towers, types] of preference_nats, paired over occurrences; NaN if count < 2
     preferred_tower: np.ndarray  # [types] argmax of preference_nats
     p_value: np.ndarray  # [types] two-sided t-test of the preferred tower's preference (Bonferroni over towers if > 2)
@@ -298,7 +306,7 @@ class PreferenceAccumulator:
         self.sum_sq_preference[..., :other_capacity] += other.sum_sq_preference
         return self
 
-    def compute(self, alpha=0.05, min_count=10, top_k=20):
+    def compute(self, alpha=0.05, min_count=10, top_k=20, center=False):
         """Per-type preference statistics and their summary, as a PreferenceResult.
 
         Args:
@@ -306,6 +314,10 @@ class PreferenceAccumulator:
             min_count: token types with fewer occurrences are excluded from shares, significance,
                 split-half consistency, bimodality and top tokens (they are still listed per type). >= 2.
             top_k: how many of each tower's most preferred token types the summary lists. >= 0.
+            center: subtract the global offset (summary["global_offset_nats"]) from every type's preference,
+                split halves included, before the preferred tower, p-values and summary are computed, so a
+                tower that is better overall does not make every type prefer it. mean_logprob and
+                standard_error are unchanged.
         """
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1); got {alpha}.")
@@ -324,9 +336,13 @@ class PreferenceAccumulator:
         half_sum_logprob = self.sum_logprob[..., token_ids]  # [halves, towers, types]
         sum_preference = tower_contrast(half_sum_logprob.sum(axis=0))  # [towers, types]
         sum_sq_preference = self.sum_sq_preference[..., token_ids].sum(axis=0)
+        # the preference of the mean log-prob over all predictions: the occurrence-weighted mean preference
+        global_offset = sum_preference.sum(axis=1) / count.sum()  # [towers]
+        shift = global_offset[:, None] if center else 0.0  # [towers, 1]
 
         mean_logprob = half_sum_logprob.sum(axis=0) / count
-        preference_nats = sum_preference / count
+        preference_nats = sum_preference / count - shift
+        # a constant shift leaves the variance alone: the t-test of preference - offset uses the same error
         standard_error = _paired_standard_error(sum_preference, sum_sq_preference, count)
         preferred_tower = np.argmax(preference_nats, axis=0)
         preferred = (preferred_tower, np.arange(token_ids.shape[0]))
@@ -340,7 +356,7 @@ class PreferenceAccumulator:
 
         with np.errstate(invalid="ignore", divide="ignore"):  # a type absent from a half gets NaN there
             half_mean_logprob = half_sum_logprob / half_count[:, None, :]
-        half_preference = tower_contrast(half_mean_logprob, axis=1)  # [halves, towers, types]
+        half_preference = tower_contrast(half_mean_logprob, axis=1) - shift  # [halves, towers, types]
         result = PreferenceResult(
             token_ids=token_ids,
             count=count,
@@ -352,7 +368,7 @@ class PreferenceAccumulator:
             eligible=eligible,
             significant=significant,
         )
-        result.summary = _summarize(result, half_preference, alpha, min_count, top_k)
+        result.summary = _summarize(result, half_preference, alpha, min_count, top_k, global_offset, center)
         return result
 
 
@@ -376,7 +392,7 @@ def _two_sided_p_value(preference_nats, standard_error, count):
     return 2 * special.stdtr(np.maximum(count - 1, 1), -t_statistic)  # stdtr is the t distribution's CDF
 
 
-def _summarize(result, half_preference, alpha, min_count, top_k):
+def _summarize(result, half_preference, alpha, min_count, top_k, global_offset, center):
     """The summary dict of plain Python numbers and lists (see PreferenceResult)."""
     num_towers = result.preference_nats.shape[0]
     eligible = result.eligible
@@ -408,6 +424,8 @@ def _summarize(result, half_preference, alpha, min_count, top_k):
         "num_excluded_types": int(result.token_ids.shape[0]) - num_eligible,
         "min_count": int(min_count),
         "alpha": float(alpha),
+        "global_offset_nats": global_offset.tolist(),
+        "centered": bool(center),
         "type_share_preferring": [_share(preferred == tower_idx, num_eligible) for tower_idx in range(num_towers)],
         "occurrence_share_preferring": [
             _share(count[preferred == tower_idx].sum(), count.sum()) for tower_idx in range(num_towers)
@@ -431,8 +449,12 @@ def _share(part, total):
     return float(part / total) if total else None
 
 
-def compute_preference(token_ids, gold_logprobs, *, alpha=0.05, min_count=10, top_k=20, vocab_size=None):
+def compute_preference(
+    token_ids, gold_logprobs, *, alpha=0.05, min_count=10, top_k=20, center=False, vocab_size=None
+):
     """One-shot tower preference: token_ids [n], gold_logprobs [towers, n] -> PreferenceResult.
+
+    The options are PreferenceAccumulator.compute's; vocab_size, when given, rejects larger token ids.
 
     Example:
         >>> result = compute_preference([3, 3, 4, 4], [[-1.0, -1.2, -3.0, -3.2], [-2.0, -2.4, -1.0, -1.0]], min_count=2)
@@ -441,7 +463,7 @@ def compute_preference(token_ids, gold_logprobs, *, alpha=0.05, min_count=10, to
     """
     accumulator = PreferenceAccumulator(vocab_size=vocab_size)
     accumulator.update(token_ids, gold_logprobs)
-    return accumulator.compute(alpha=alpha, min_count=min_count, top_k=top_k)
+    return accumulator.compute(alpha=alpha, min_count=min_count, top_k=top_k, center=center)
 
 
 def compare_preferences(token_ids_a, preference_nats_a, token_ids_b, preference_nats_b):

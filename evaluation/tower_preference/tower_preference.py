@@ -30,7 +30,9 @@ towers: tower 0 minus tower 1, positive means tower 0 is preferred). It reports 
 a paired t-test, and a summary: the share of token types and of token occurrences preferring each tower,
 the share of types whose preference is significant after Benjamini-Hochberg, the split-half consistency
 (correlation of preferences measured on two interleaved halves of each type's occurrences), Sarle's
-bimodality coefficient of the preference distribution, and each tower's top token types.
+bimodality coefficient of the preference distribution, and each tower's top token types. When one tower
+is better overall, every type's preference shifts by the same global offset (with two towers, the difference
+of the probes' log perplexities); the metric always reports it, and `center=True` subtracts it before testing.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -42,10 +44,16 @@ Args:
     min_count (`int`, defaults to 10): token types seen fewer times are listed per type but excluded from
         the shares, significance, split-half consistency, bimodality and top tokens (>= 2).
     top_k (`int`, defaults to 20): how many of each tower's most preferred token types to list.
+    center (`bool`, defaults to False): subtract each tower's global offset from every type's preference
+        (and its split halves) before the preferred tower, p-values, significance and summary are computed,
+        so a tower that is better overall does not make every type prefer it. mean_logprob and
+        standard_error are unchanged.
 Returns:
     Summary (numbers; lists have one entry per tower):
     num_towers, num_predictions, num_token_types, num_eligible_types (count >= min_count), num_excluded_types,
     min_count, alpha,
+    global_offset_nats (per tower: the preference of the mean log-probability over all predictions, i.e. the
+    occurrence-weighted mean preference), centered (whether it was subtracted),
     type_share_preferring, occurrence_share_preferring (among eligible types),
     mean_abs_preference_nats (mean over eligible types of the preferred tower's preference),
     num_significant, significant_share (of eligible types), num_significant_preferring,
@@ -53,7 +61,7 @@ Returns:
     bimodality_coefficient (Sarle's, mean over towers; > 5/9 suggests two modes; None if undefined),
     top_token_ids, top_preference_nats (per tower, most preferred first).
     Per token type (observed types in increasing id order):
-    token_ids, count, mean_logprob [towers][types], preference_nats [towers][types],
+    token_ids, count, mean_logprob [towers][types], preference_nats [towers][types] (minus the offset if centered),
     standard_error [towers][types], preferred_tower, p_value, eligible, significant.
 Examples:
     Token 11 is predicted better by tower 0, token 12 by tower 1:
@@ -118,12 +126,14 @@ class TowerPreference(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2210.07041"],
         )
 
-    def _compute(self, token_ids, gold_logprobs, alpha=0.05, min_count=10, top_k=20):
+    def _compute(self, token_ids, gold_logprobs, alpha=0.05, min_count=10, top_k=20, center=False):
         num_logprobs = sorted({len(row) for row in gold_logprobs})
         if len(num_logprobs) > 1:
             raise ValueError(
                 f"every prediction needs one log-probability per tower; got rows of lengths {num_logprobs}."
             )
         gold_logprobs = np.asarray(gold_logprobs, dtype=np.float64).T  # the core takes [towers, predictions]
-        result = compute_preference(token_ids, gold_logprobs, alpha=alpha, min_count=min_count, top_k=top_k)
+        result = compute_preference(
+            token_ids, gold_logprobs, alpha=alpha, min_count=min_count, top_k=top_k, center=center
+        )
         return result.to_dict()
