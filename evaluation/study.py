@@ -18,7 +18,8 @@ Layout of OUTPUT_DIR/runs/RUN (RUN = FAMILY-tTOWERS-sSEED):
     probe-sSEED+OFFSET/  probe set B, the same-tower control: same model, another probe seed
     scores/EVAL/PAIR/    one report folder (twotower.evaluation.report layout, centered preferences) per pair of
                          probes: `towers` (A's probes of all towers: the two-tower preference), `towers_replica`
-                         (B's), `same_tower_T` (A's and B's probe of tower T: the noise floor)
+                         (B's), `towers_across_runs` (tower 0 from A, tower 1 from B), `same_tower_T` (A's and B's
+                         probe of tower T: the noise floor, to compare with towers_across_runs)
     run.json             the run's summary; written last, it marks the run finished
 """
 

@@ -31,7 +31,8 @@ from .tower_preference.preference_stats import compare_preferences
 RECURRENCE_ALPHA = 0.01  # every seed pair's correlation must be this significant for a split to "recur"
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
-TOWERS, REPLICA = "towers", "towers_replica"
+TOWERS, ACROSS_RUNS = "towers", "towers_across_runs"
+FLOOR_KEYS = ("significant_share", "split_half_consistency", "mean_abs_preference_nats")
 
 
 def _fmt(value, digits=3):
@@ -54,12 +55,9 @@ def run_rows(summaries):
         run = summary["run"]
         for text, scores in summary["scores"].items():
             pairs = scores["pairs"]
-            towers, floors = (
-                pairs[TOWERS]["centered"],
-                [pairs[name]["centered"] for name in _floor_names(run["num_towers"])],
-            )
-            floor_share = _mean([floor["significant_share"] for floor in floors])
-            floor_consistency = _mean([floor["split_half_consistency"] for floor in floors])
+            same_run, across = pairs[TOWERS]["centered"], pairs[ACROSS_RUNS]["centered"]
+            floors = [pairs[name]["centered"] for name in _floor_names(run["num_towers"])]
+            floor = {key: _mean([f[key] for f in floors]) for key in FLOOR_KEYS}
             rows.append(
                 {
                     "run": run["name"],
@@ -72,27 +70,33 @@ def run_rows(summaries):
                     "probe_best_steps": [_probe_steps(probe) for probe in summary["probes"]],
                     "global_offset_nats": pairs[TOWERS]["raw"]["global_offset_nats"][0],
                     "significant_share_raw": pairs[TOWERS]["raw"]["significant_share"],
-                    "significant_share": towers["significant_share"],
-                    "floor_significant_share": floor_share,
-                    "excess_significant_share": None
-                    if floor_share is None
-                    else towers["significant_share"] - floor_share,
-                    "split_half_consistency": towers["split_half_consistency"],
-                    "floor_split_half_consistency": floor_consistency,
-                    "mean_abs_preference_nats": towers["mean_abs_preference_nats"],
-                    "floor_mean_abs_preference_nats": _mean([floor["mean_abs_preference_nats"] for floor in floors]),
+                    "significant_share_same_run": same_run["significant_share"],
+                    "significant_share": across["significant_share"],
+                    "floor_significant_share": floor["significant_share"],
+                    "excess_significant_share": _difference(across["significant_share"], floor["significant_share"]),
+                    "split_half_consistency": across["split_half_consistency"],
+                    "floor_split_half_consistency": floor["split_half_consistency"],
+                    "mean_abs_preference_nats": across["mean_abs_preference_nats"],
+                    "floor_mean_abs_preference_nats": floor["mean_abs_preference_nats"],
                     "replica_correlation": scores["replica_correlation"],
-                    "num_eligible_types": towers["num_eligible_types"],
+                    "replica_p_value": correlation_p_value(scores["replica_correlation"], scores["replica_num_types"]),
+                    "num_eligible_types": same_run["num_eligible_types"],
                     "run_minutes": run_minutes(summary),
                 }
             )
     return rows
 
 
+def _difference(value, reference):
+    return None if value is None or reference is None else value - reference
+
+
 def _probe_steps(probe):
     """The step whose weights a probe run kept, marked when the step cap, not the validation loss, ended the run."""
     step = probe["best_step"] or probe["completed_steps"]
-    return str(step) if probe["stopped_early"] else f"{step} (cap {probe['completed_steps']})"
+    if probe["stopped_early"]:
+        return str(step)
+    return f"{step} (cap)" if step == probe["completed_steps"] else f"{step} (cap {probe['completed_steps']})"
 
 
 def run_minutes(summary):
@@ -232,11 +236,16 @@ def verdicts(rows, cross_rows, study):
             if row["excess_significant_share"] > 0
             and (row["split_half_consistency"] or 0) > (row["floor_split_half_consistency"] or 0)
         ]
-        lines.append(
-            f"- **{family}**: the two-tower preference exceeds the same-tower noise floor (more significant types "
-            f"and higher split-half consistency) in {len(above)} of {len(family_rows)} run/text pairs; mean excess "
-            f"share of significant types {_fmt(_mean([r['excess_significant_share'] for r in family_rows]))}."
-        )
+        replicated = [row for row in family_rows if row["replica_p_value"] < RECURRENCE_ALPHA]
+        lines += [
+            f"- **{family}**: above the same-tower noise floor (more significant types and higher split-half "
+            f"consistency, towers and floor both compared across probe runs) in {len(above)} of {len(family_rows)} "
+            f"run/text pairs; mean excess share of significant types "
+            f"{_fmt(_mean([r['excess_significant_share'] for r in family_rows]))}.",
+            f"  - survives new probes (preference measured with probe set A correlates with probe set B's, "
+            f"p < {RECURRENCE_ALPHA}) in {len(replicated)} of {len(family_rows)} run/text pairs; mean replica r "
+            f"{_fmt(_mean([r['replica_correlation'] for r in family_rows]))}.",
+        ]
         for row in (r for r in cross_rows if r["family"] == family):
             lines.append(
                 f"  - across {row['num_seeds']} seeds on {row['text']} ({row['num_towers']} towers): matched "
@@ -260,7 +269,7 @@ def verdicts(rows, cross_rows, study):
             lines.append(
                 f"- **cooperation** ({family.control_of} vs its independent-towers control {name}): mean excess share "
                 f"of significant types {_fmt(_mean([r['excess_significant_share'] for r in cooperative]))} vs "
-                f"{_fmt(_mean([r['excess_significant_share'] for r in control]))}; mean replica correlation "
+                f"{_fmt(_mean([r['excess_significant_share'] for r in control]))}; mean replica r "
                 f"{_fmt(_mean([r['replica_correlation'] for r in cooperative]))} vs "
                 f"{_fmt(_mean([r['replica_correlation'] for r in control]))}."
             )
@@ -318,15 +327,19 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
         "# Tower preference study",
         "",
         f"Generated by `{command}` on {date.today().isoformat()}: {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}"
+        f"torch {torch.__version__} with {torch.get_num_threads()} threads"
         f"{', GPU ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ', no GPU'}.",
         "",
-        "Each run pretrains a model, trains two probe sets on it with different seeds (A and B, stopped on validation "
-        "loss), and scores both on each text. *Two towers* compares probe A of each tower; the *noise floor* "
-        "compares probe A and probe B of the same tower, trained and scored identically, so any preference it shows "
-        "is probe noise. Preferences are centered: the global offset (one tower better overall) is removed before "
-        "testing each token type. *Replica* is the correlation of the two-tower preference measured with probe "
-        "set A and with probe set B.",
+        "Each run pretrains a model, trains two probe sets on it with different seeds (A and B: other initial probe "
+        "weights and data order; each stopped on validation loss), and scores both on each text. A probe set trains "
+        "one probe per tower in one run, so its probes share that run's noise (data order, stopping step). The "
+        "*noise floor* compares probe A and probe B of the **same** tower; any preference it shows is probe noise. "
+        "It is matched by the two-tower preference *across runs* (tower 0's probe from set A, tower 1's from set B), "
+        "which differs from it only in comparing two towers: *excess* is their difference. *One run* is the "
+        "preference of set A's probes alone, the paper's measurement. Preferences are centered: the global offset "
+        "(one tower better overall) is removed before testing each token type. *Replica r* correlates the per-type "
+        "preference measured with probe set A and with probe set B: their probe noise is independent, so only a "
+        "real difference between the towers correlates (p-value of a Pearson test over the eligible types).",
         "",
         "## Verdicts",
         "",
@@ -347,13 +360,15 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
                 "probe ppl (A)",
                 "probe stop steps (A, B)",
                 "offset (nats)",
-                "significant raw",
-                "significant centered",
+                "significant, one run (raw / centered)",
+                "significant, across runs",
                 "floor",
                 "excess",
                 "consistency",
                 "floor consistency",
-                "replica r",
+                "mean abs pref (nats)",
+                "floor",
+                "replica r (p)",
                 "eligible types",
                 "run minutes",
             ],
@@ -365,13 +380,15 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
                     " / ".join(_fmt(p, 1) for p in r["probe_perplexity"]),
                     ", ".join(str(s) for s in r["probe_best_steps"]),
                     _fmt(r["global_offset_nats"]),
-                    _fmt(r["significant_share_raw"]),
+                    f"{_fmt(r['significant_share_raw'])} / {_fmt(r['significant_share_same_run'])}",
                     _fmt(r["significant_share"]),
                     _fmt(r["floor_significant_share"]),
                     _fmt(r["excess_significant_share"]),
                     _fmt(r["split_half_consistency"]),
                     _fmt(r["floor_split_half_consistency"]),
-                    _fmt(r["replica_correlation"]),
+                    _fmt(r["mean_abs_preference_nats"]),
+                    _fmt(r["floor_mean_abs_preference_nats"]),
+                    f"{_fmt(r['replica_correlation'])} ({r['replica_p_value']:.1g})",
                     r["num_eligible_types"],
                     _fmt(r["run_minutes"], 1),
                 ]

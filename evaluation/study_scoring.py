@@ -41,10 +41,17 @@ SUMMARY_FIELDS = (
 
 
 def probe_pairs(num_towers: int) -> dict[str, list[tuple[int, int]]]:
-    """Name -> the (probe set, tower) of each compared probe. Set 0 is probe set A, set 1 probe set B."""
+    """
+    Name -> the (probe set, tower) of each compared probe; set 0 is probe set A, set 1 probe set B.
+
+    Probes of one set share their training run (seed, data order, stopping step), and so part of their noise; the
+    noise floor compares probes of two runs. `towers_across_runs` takes neighbouring towers from different sets,
+    so that it differs from the floor only in comparing two towers instead of one.
+    """
     pairs = {
         "towers": [(0, tower) for tower in range(num_towers)],
         "towers_replica": [(1, tower) for tower in range(num_towers)],
+        "towers_across_runs": [(tower % 2, tower) for tower in range(num_towers)],
     }
     for tower in range(num_towers):
         pairs[f"same_tower_{tower}"] = [(0, tower), (1, tower)]
@@ -180,6 +187,7 @@ def score_run(probe_dirs, output_dir, text_path, max_blocks=None, scoring_option
             for name in pairs
         },
         "replica_correlation": replica["correlation"],
+        "replica_num_types": replica["num_shared_types"],
         "seconds": time.perf_counter() - start,
     }
     write_text_atomically(output_dir / SCORES_JSON, json.dumps(scores, indent=2, allow_nan=False) + "\n")

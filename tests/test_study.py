@@ -98,6 +98,7 @@ def test_noise_floor_and_two_tower_preference_match_an_independent_computation(m
     expected = {
         "towers": gold_a,
         "towers_replica": gold_b,
+        "towers_across_runs": np.stack([gold_a[0], gold_b[1]]),
         "same_tower_0": np.stack([gold_a[0], gold_b[0]]),
         "same_tower_1": np.stack([gold_a[1], gold_b[1]]),
     }
@@ -107,6 +108,11 @@ def test_noise_floor_and_two_tower_preference_match_an_independent_computation(m
             summary = compute_preference(targets, gold, min_count=5, center=center).summary
             for key, value in scores["pairs"][pair][kind].items():
                 np.testing.assert_allclose(value, summary[key], rtol=1e-6, atol=1e-9, err_msg=f"{pair} {kind} {key}")
+    results = [compute_preference(targets, gold, min_count=5, center=True) for gold in (gold_a, gold_b)]
+    eligible = [(result.token_ids[result.eligible], result.preference_nats[:, result.eligible]) for result in results]
+    replica = compare_preferences(*eligible[0], *eligible[1])
+    assert scores["replica_correlation"] == pytest.approx(replica["correlation"], rel=1e-6)
+    assert scores["replica_num_types"] == replica["num_shared_types"]
     probe_perplexity = np.exp(-gold_a.astype(np.float64).mean(axis=1))
     np.testing.assert_allclose(scores["perplexity"]["probe_sets"][0], probe_perplexity, rtol=1e-5)
     assert scores["data"]["num_blocks"] == 12

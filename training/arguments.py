@@ -105,6 +105,7 @@ class TwoTowerTrainingConfig:
     early_stopping_patience: int | None = None  # stop after N evaluations in a row without improvement and save
     # the best evaluation's weights; needs eval_steps; None = off. A resumed run starts counting afresh.
     early_stopping_threshold: float = 0.0  # minimum decrease of the validation loss that counts as an improvement
+    # (smaller gains are noise: the weights kept are those of the last evaluation that improved by more)
 
     # hub
     push_to_hub: bool = False  # upload the final model folder with huggingface_hub
