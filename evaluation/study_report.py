@@ -7,7 +7,7 @@ Layout of the report folder:
     study.json              every number of the tables
     noise_floor.png         preference size, significance, consistency: two towers vs the same tower twice
     cross_seed.png          matched correlation of per-token preferences between seeds, two towers vs floor
-    categories_FAMILY-tN.png  which token categories each tower prefers (first evaluation text, first seed)
+    categories_FAMILY-tN_TEXT.png  which token categories each tower prefers (first seed)
 """
 
 import itertools
@@ -288,8 +288,8 @@ def category_section(categories, text, report_dir):
     for (family, num_towers), per_seed in categories.items():
         seeds = list(per_seed)
         first = per_seed[seeds[0]]
-        plot_name = f"categories_{family}-t{num_towers}.png"
-        plot_category_preferences(first["kind"], report_dir / plot_name, f"{family}: {seeds[0]}")
+        plot_name = f"categories_{family}-t{num_towers}_{text}.png"
+        plot_category_preferences(first["kind"], report_dir / plot_name, f"{family}: {seeds[0]} on {text}")
         lines += [f"### {family} ({num_towers} towers)", "", f"![categories of {family}]({plot_name})", ""]
         rows = []
         for column, frame in first.items():
@@ -314,8 +314,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
     report_dir.mkdir(parents=True, exist_ok=True)
     rows = run_rows(summaries)
     cross_rows = cross_seed_rows(summaries, runs_dir)
-    first_text = next(iter(study.eval_texts))
-    categories = category_rows(summaries, runs_dir, first_text)
+    categories = {text: category_rows(summaries, runs_dir, text) for text in study.eval_texts}
     plot_noise_floor(rows, report_dir / "noise_floor.png")
     if cross_rows:
         plot_cross_seed(cross_rows, report_dir / "cross_seed.png")
@@ -430,17 +429,21 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
             "of r and -r); the noise floor's value shows what matching alone gives on unrelated preferences.",
             "",
         ]
-    lines += category_section(categories, first_text, report_dir)
+    for text, text_categories in categories.items():
+        lines += category_section(text_categories, text, report_dir)
     results = {
         "command": command,
         "runs": rows,
         "cross_seed": cross_rows,
         "categories": {
-            f"{family}-t{num_towers}": {
-                run: {grouping: frame.to_dict("records") for grouping, frame in per_run.items()}
-                for run, per_run in per_seed.items()
+            text: {
+                f"{family}-t{num_towers}": {
+                    run: {grouping: frame.to_dict("records") for grouping, frame in per_run.items()}
+                    for run, per_run in per_seed.items()
+                }
+                for (family, num_towers), per_seed in text_categories.items()
             }
-            for (family, num_towers), per_seed in categories.items()
+            for text, text_categories in categories.items()
         },
     }
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(results, indent=2) + "\n")

@@ -133,7 +133,7 @@ def test_report_aggregates_every_run(micro_study):
     study = json.loads((report_dir / "study.json").read_text())
     assert {row["run"] for row in study["runs"]} == {"causal-t2-s0", "causal-t2-s1", "control-t2-s0"}
     assert len(study["runs"]) == 6  # three runs x two texts
-    for name in ("noise_floor.png", "cross_seed.png", "categories_causal-t2.png"):
+    for name in ("noise_floor.png", "cross_seed.png", "categories_causal-t2_books.png"):
         assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "micro study" in text and "**cooperation** (causal vs its independent-towers control control)" in text
 
