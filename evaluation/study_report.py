@@ -87,6 +87,10 @@ def run_rows(summaries):
     return rows
 
 
+def _p_text(p_value):
+    return "< 1e-300" if p_value == 0 else f"{p_value:.1g}"  # float64 underflows below ~1e-308
+
+
 def _difference(value, reference):
     return None if value is None or reference is None else value - reference
 
@@ -386,7 +390,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
                     _fmt(r["floor_split_half_consistency"]),
                     _fmt(r["mean_abs_preference_nats"]),
                     _fmt(r["floor_mean_abs_preference_nats"]),
-                    f"{_fmt(r['replica_correlation'])} ({r['replica_p_value']:.1g})",
+                    f"{_fmt(r['replica_correlation'])} ({_p_text(r['replica_p_value'])})",
                     r["num_eligible_types"],
                     _fmt(r["run_minutes"], 1),
                 ]
