@@ -50,8 +50,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 TRAINING_CONFIG_NAME = "training_config.yaml"  # saved beside the model by the training command
 # the ScoringArguments fields recorded in preference.json under "data" and "settings"
 DATA_FIELDS = (
-    "dataset_name", "dataset_config_name", "text_column_name", "train_file", "validation_file",
-    "validation_split_percentage", "split", "block_size", "max_blocks",
+    "dataset_name",
+    "dataset_config_name",
+    "text_column_name",
+    "train_file",
+    "validation_file",
+    "validation_split_percentage",
+    "split",
+    "block_size",
+    "max_blocks",
 )
 SETTINGS_FIELDS = ("batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center")
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
@@ -134,7 +141,11 @@ def load_blocks(args, tokenizer):
         return _validation_file_blocks(args, tokenizer)
     raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file)
     lm_datasets = tokenize_and_group(
-        raw_datasets, tokenizer, args.block_size, args.text_column_name, args.preprocessing_num_workers,
+        raw_datasets,
+        tokenizer,
+        args.block_size,
+        args.text_column_name,
+        args.preprocessing_num_workers,
         args.overwrite_cache,
     )
     caps = {"max_train_blocks": None, "max_eval_blocks": None}
@@ -148,7 +159,11 @@ def _validation_file_blocks(args, tokenizer):
     # load_raw_datasets names the split of a lone local text "train"
     raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, train_file=args.validation_file)
     blocks = tokenize_and_group(
-        raw_datasets, tokenizer, args.block_size, args.text_column_name, args.preprocessing_num_workers,
+        raw_datasets,
+        tokenizer,
+        args.block_size,
+        args.text_column_name,
+        args.preprocessing_num_workers,
         args.overwrite_cache,
     )["train"]
     if len(blocks) == 0:
@@ -189,30 +204,50 @@ def masking_description(objective, tower_type, mask_passes):
 
 
 @torch.inference_mode()
-def score_blocks(model, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES,
-                 mask_token_id=None):
+def stream_gold_logprobs(
+    models, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES, mask_token_id=None
+):
+    """
+    Run the probes of every model (probe sets on one frozen model) and the joint model of the first over every
+    batch of blocks, in the scoring passes of the objective.
+
+    Yields per pass (gold token ids [n], gold log-probs [models, towers, n] float32, joint NLL sum of models[0]).
+    """
+    device = next(models[0].parameters()).device
+    config = models[0].config
+    objective = objective_of(config)
+    for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
+        input_ids = batch["input_ids"].to(device)  # [batch, seq]; blocks hold no padding
+        for inputs, labels in scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id):
+            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
+            scored = targets != -100
+            gold = torch.stack(
+                [model.probe_logprobs(inputs, labels=labels, chunk_size=probe_chunk_size) for model in models]
+            )
+            logits = predicting_positions(models[0](inputs).logits, objective, seq_dim=1)  # [batch, seq - shift, vocab]
+            joint_nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+            yield targets[scored].cpu().numpy(), gold[:, :, scored].cpu().numpy(), joint_nll
+
+
+def score_blocks(
+    model, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES, mask_token_id=None
+):
     """
     Run the probes and the joint model over every batch of blocks, in the scoring passes of the model's objective.
 
     Returns the PreferenceAccumulator of all predictions and the token-weighted mean negative log-likelihood
     of the joint model and of each probe ({"joint": float, "probes": [float per tower]}).
     """
-    device = next(model.parameters()).device
     num_towers = model.config.num_towers
-    objective = objective_of(model.config)
     accumulator = PreferenceAccumulator(num_towers=num_towers, vocab_size=model.config.vocab_size)
     joint_nll_sum, probe_nll_sums, num_targets = 0.0, np.zeros(num_towers), 0
-    for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
-        input_ids = batch["input_ids"].to(device)  # [batch, seq]; blocks hold no padding
-        for inputs, labels in scoring_passes(input_ids, objective, model.config.tower_type, mask_passes, mask_token_id):
-            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
-            scored = targets != -100
-            gold_logprobs = model.probe_logprobs(inputs, labels=labels, chunk_size=probe_chunk_size)
-            logits = predicting_positions(model(inputs).logits, objective, seq_dim=1)  # [batch, seq - shift, vocab]
-            joint_nll_sum += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
-            probe_nll_sums -= gold_logprobs.double().sum(dim=(1, 2)).cpu().numpy()  # unscored entries are 0.0
-            num_targets += int(scored.sum())
-            accumulator.update(targets[scored].cpu().numpy(), gold_logprobs[:, scored].cpu().numpy())
+    for targets, gold, joint_nll in stream_gold_logprobs(
+        [model], dataloader, probe_chunk_size, disable_tqdm, mask_passes, mask_token_id
+    ):
+        joint_nll_sum += joint_nll
+        probe_nll_sums -= gold[0].astype(np.float64).sum(axis=1)
+        num_targets += targets.shape[0]
+        accumulator.update(targets, gold[0])
     mean_nll = {"joint": joint_nll_sum / num_targets, "probes": (probe_nll_sums / num_targets).tolist()}
     return accumulator, mean_nll
 
@@ -294,7 +329,6 @@ def score_model(model_dir, output_dir, **options):
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     write_report(args.output_dir, report, result, tokens)
     return {**report, "summary": result.summary}
-
 
 
 def main(argv=None):

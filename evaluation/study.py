@@ -33,9 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
-from twotower.training.arguments import load_config
+from twotower.training.arguments import load_config, read_recipe
 from twotower.training.atomic import write_text_atomically
 from twotower.training.checkpointing import FINAL_MODEL_DIR
 from twotower.training.train import training_function
@@ -118,18 +117,7 @@ class StudyRun:
 
 def load_study_config(recipe: str) -> StudyConfig:
     """A study recipe name (evaluation/study_recipes) or a YAML path -> StudyConfig."""
-    path = Path(recipe)
-    if path.suffix not in (".yaml", ".yml"):
-        path = STUDY_RECIPES_DIR / f"{recipe}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in STUDY_RECIPES_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"Study recipe {recipe!r} not found (looked for {path}); known recipes: {known}.")
-    values = yaml.safe_load(path.read_text()) or {}
-    fields = {f.name for f in dataclasses.fields(StudyConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"Study recipe {path} sets unknown options {unknown}; known: {sorted(fields)}.")
-    return StudyConfig(**values)
+    return StudyConfig(**read_recipe(recipe, StudyConfig, STUDY_RECIPES_DIR))
 
 
 def data_path(data_dir: Path, relative: str) -> str:

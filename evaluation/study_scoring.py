@@ -12,17 +12,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from torch.nn import functional as F
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from twotower.training.atomic import write_text_atomically
 from twotower.training.data import collate_blocks
-from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
+from twotower.training.objectives import objective_of
 from twotower.training.tokenizer import load_tokenizer
 
 from .report import write_report
-from .score import DTYPES, ScoringArguments, load_blocks, load_model, masking_description, scoring_passes
+from .score import DTYPES, ScoringArguments, load_blocks, load_model, masking_description, stream_gold_logprobs
 from .tower_preference.preference_stats import PreferenceAccumulator, compare_preferences
 
 
@@ -77,23 +75,6 @@ def check_same_backbone(models, probe_dirs):
                 )
 
 
-@torch.inference_mode()
-def stream_gold_logprobs(models, dataloader, mask_passes, mask_token_id, disable_tqdm=True):
-    """Yield (targets [n], gold log-probs [sets, towers, n], joint NLL sum of models[0]) batch by batch."""
-    device = next(models[0].parameters()).device
-    config = models[0].config
-    objective = objective_of(config)
-    for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
-        input_ids = batch["input_ids"].to(device)
-        for inputs, labels in scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id):
-            targets = prediction_targets(labels, objective)
-            scored = targets != -100
-            gold = torch.stack([model.probe_logprobs(inputs, labels=labels) for model in models])
-            logits = predicting_positions(models[0](inputs).logits, objective, seq_dim=1)
-            joint_nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
-            yield targets[scored].cpu().numpy(), gold[:, :, scored].cpu().numpy(), joint_nll
-
-
 def _eligible_preferences(result):
     return result.token_ids[result.eligible], result.preference_nats[:, result.eligible]
 
@@ -125,7 +106,7 @@ def score_run(probe_dirs, output_dir, text_path, max_blocks=None, scoring_option
     accumulators = {name: PreferenceAccumulator(len(members), config.vocab_size) for name, members in pairs.items()}
     nll_sums, joint_nll_sum, num_predictions = np.zeros((len(models), config.num_towers)), 0.0, 0
     for targets, gold, joint_nll in stream_gold_logprobs(
-        models, dataloader, args.mask_passes, tokenizer.mask_token_id, args.disable_tqdm
+        models, dataloader, args.probe_chunk_size, args.disable_tqdm, args.mask_passes, tokenizer.mask_token_id
     ):
         for name, members in pairs.items():
             accumulators[name].update(targets, np.stack([gold[probe_set, tower] for probe_set, tower in members]))

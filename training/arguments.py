@@ -113,8 +113,13 @@ class TwoTowerTrainingConfig:
     hub_private_repo: bool = False
 
     def __post_init__(self):
-        choices = {"phase": PHASES, "model_preset": tuple(PRESETS), "mixed_precision": (None, *MIXED_PRECISIONS),
-                   "objective": (None, *OBJECTIVES), "tower_type": (None, *TOWER_TYPES)}
+        choices = {
+            "phase": PHASES,
+            "model_preset": tuple(PRESETS),
+            "mixed_precision": (None, *MIXED_PRECISIONS),
+            "objective": (None, *OBJECTIVES),
+            "tower_type": (None, *TOWER_TYPES),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`{name}` is {getattr(self, name)!r}; choose one of {list(allowed)}.")
@@ -154,24 +159,25 @@ class TwoTowerTrainingConfig:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def resolve_recipe_path(recipe: str) -> Path:
-    """A recipe name (`tiny`) is a file of training/recipes; anything else is a path to a YAML file."""
+def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR) -> Path:
+    """A recipe name (`tiny`) is a file of recipes_dir; anything else is a path to a YAML file."""
     path = Path(recipe)
     if path.suffix not in (".yaml", ".yml"):
-        path = RECIPES_DIR / f"{recipe}.yaml"
+        path = recipes_dir / f"{recipe}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+        known = sorted(p.stem for p in recipes_dir.glob("*.yaml"))
         raise FileNotFoundError(f"Recipe {recipe!r} not found (looked for {path}); known recipes: {known}.")
     return path
 
 
-def read_recipe(recipe: str) -> dict:
-    path = resolve_recipe_path(recipe)
+def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: Path = RECIPES_DIR) -> dict:
+    """The options a recipe sets, checked against the fields of `config_class`."""
+    path = resolve_recipe_path(recipe, recipes_dir)
     values = yaml.safe_load(path.read_text()) or {}
-    fields = {field.name for field in dataclasses.fields(TwoTowerTrainingConfig)}
+    fields = {field.name for field in dataclasses.fields(config_class)}
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise ValueError(f"Recipe {path} sets unknown options {unknown}; see TwoTowerTrainingConfig for the names.")
+        raise ValueError(f"Recipe {path} sets unknown options {unknown}; see {config_class.__name__} for the names.")
     return values
 
 
