@@ -51,7 +51,7 @@ class TwoTowerConfig(PretrainedConfig):
         intermediate_size: int = 1536,  # MLP width of one tower
         num_towers: int = 2,  # 2 in the paper; 3 or more also work
         tower_type: str = "transformer",  # transformer (BERT/GPT-style) | lstm (ELMo-style)
-        lstm_hidden_size: int | None = None,  # lstm towers: cell size, projected back to hidden_size (4 * h if None)
+        lstm_hidden_size: int | None = None,  # lstm towers: cells >= hidden_size, projected back to it (None: 4 * h)
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
         hidden_act: str = "gelu",  # any key of transformers.activations.ACT2FN
@@ -132,6 +132,12 @@ class TwoTowerConfig(PretrainedConfig):
             raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_TYPES)}.")
         if self.tower_type == "lstm":
             self.lstm_hidden_size = self.lstm_hidden_size or 4 * self.hidden_size
+            if self.lstm_hidden_size < self.hidden_size:
+                raise ValueError(
+                    f"`lstm_hidden_size` ({self.lstm_hidden_size}) is smaller than `hidden_size` ({self.hidden_size}): "
+                    f"LSTM cells are projected down to the tower width, never up; use lstm_hidden_size >= "
+                    f"{self.hidden_size} (equal: no projection)."
+                )
             # LSTM state is not a key/value cache: generation recomputes the prefix at every step.
             self.use_cache = False
         elif self.lstm_hidden_size is not None:

@@ -70,9 +70,9 @@ class TwoTowerBatchedLinear(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # [towers, ..., in] -> [towers, ..., out]
         num_towers, *middle, in_features = hidden_states.shape
-        flat = hidden_states.reshape(num_towers, -1, in_features)
+        flat = hidden_states.reshape(num_towers, math.prod(middle), in_features)  # explicit sizes: a dimension may be 0
         out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight)
-        return out.view(num_towers, *middle, -1)
+        return out.view(num_towers, *middle, self.weight.shape[-1])
 
 
 class TwoTowerBatchedLayerNorm(nn.Module):
@@ -224,7 +224,8 @@ class TwoTowerProbes(nn.Module):
             target_ids: [batch, seq], aligned with `features`; -100 marks positions to skip (they give 0.0).
             chunk_size: positions per chunk of the vocabulary projection; by default chosen so one chunk of
                 [towers, chunk, vocab] float32 logits stays under 256 MiB. [towers, batch, seq, vocab] logits
-                never exist at once, and under autograd each chunk is recomputed in backward instead of kept.
+                never exist at once, and under autograd chunks (when there are several) are recomputed in backward
+                instead of kept. Only positions whose target is not -100 are projected.
 
         Returns:
             gold log-probabilities [towers, batch, seq], float32.
@@ -233,21 +234,30 @@ class TwoTowerProbes(nn.Module):
         if target_ids.shape != (batch, seq):
             raise ValueError(f"`target_ids` has shape {tuple(target_ids.shape)}, expected {(batch, seq)}.")
         vocab_size = self.decoder.weight.shape[-1]
-        transformed = self.transform(features).reshape(num_towers, batch * seq, hidden)
+        features = features.reshape(num_towers, batch * seq, hidden)
         targets = target_ids.reshape(-1)
-        ignored = targets == -100
-        targets = targets.masked_fill(ignored, 0)
+        # Only scored positions reach the vocabulary projection (a masked LM scores ~15% of them).
+        scored = (targets != -100).nonzero().squeeze(-1)
+        every_position = scored.numel() == targets.numel()  # causal LMs: nothing to gather
+        if not every_position:
+            features, targets = features.index_select(1, scored), targets.index_select(0, scored)
+        transformed = self.transform(features)
         if chunk_size is None:
             chunk_size = max(1, PROBE_LOGITS_CHUNK_BYTES // (4 * num_towers * vocab_size))
-        keep_graph = torch.is_grad_enabled() and (transformed.requires_grad or self.decoder.weight.requires_grad)
-        chunks = []
-        for start in range(0, batch * seq, chunk_size):
+        # Under autograd, chunks are recomputed in backward rather than kept; one chunk is kept, since backward
+        # starts with it (nothing runs after the probes) and recomputing it would not lower the peak.
+        recompute = scored.numel() > chunk_size and torch.is_grad_enabled()
+        recompute = recompute and (transformed.requires_grad or self.decoder.weight.requires_grad)
+        chunks = [transformed.new_zeros(num_towers, 0, dtype=torch.float32)]  # a batch may score nothing
+        for start in range(0, scored.numel(), chunk_size):
             args = (transformed[:, start : start + chunk_size], targets[start : start + chunk_size])
-            if keep_graph:
+            if recompute:
                 chunks.append(checkpoint(self._gold_logprobs, *args, use_reentrant=False))
             else:
                 chunks.append(self._gold_logprobs(*args))
-        gold_logprobs = torch.cat(chunks, dim=1).masked_fill(ignored, 0.0)
+        gold_logprobs = torch.cat(chunks, dim=1)
+        if not every_position:
+            gold_logprobs = gold_logprobs.new_zeros(num_towers, batch * seq).index_copy(1, scored, gold_logprobs)
         return gold_logprobs.view(num_towers, batch, seq)
 
     def _gold_logprobs(self, transformed: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
@@ -424,6 +434,13 @@ def _concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states.permute(1, 2, 0, 3).reshape(batch, seq, num_towers * hidden)
 
 
+def _keep_positions(states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    # `logits_to_keep` of GenerationMixin along the sequence axis (-2): 0 keeps all, n the last n, a tensor indexes
+    if isinstance(logits_to_keep, torch.Tensor):
+        return states[..., logits_to_keep, :]
+    return states[..., -logits_to_keep:, :] if logits_to_keep > 0 else states
+
+
 class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
     """
     What the causal and masked two-tower LMs share: the towers, the head that turns them into logits, the
@@ -468,17 +485,33 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         batch, seq, _ = fused_hidden_states.shape
         return fused_hidden_states.view(batch, seq, self.config.num_towers, -1).permute(2, 0, 1, 3)
 
-    def _logits(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.config.cooperative:
-            fused_hidden_states = self.fusion_output_norm(self.fusion_act(self.fusion_dense(fused_hidden_states)))
-            return self.lm_head(fused_hidden_states)
-        tower_logprobs = self.tower_lm_heads.logits(self._split_towers(fused_hidden_states)).float().log_softmax(-1)
+    def _fused_logits(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
+        fused_hidden_states = self.fusion_output_norm(self.fusion_act(self.fusion_dense(fused_hidden_states)))
+        return self.lm_head(fused_hidden_states)
+
+    def _control_tower_logprobs(self, features: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> each tower's own log-probabilities [towers, batch, seq, vocab]
+        return self.tower_lm_heads.logits(features).float().log_softmax(-1)
+
+    def _control_mixture(self, tower_logprobs: torch.Tensor) -> torch.Tensor:
+        # the towers' equal-weight mixture, as log-probabilities [batch, seq, vocab]
         return torch.logsumexp(tower_logprobs, dim=0) - math.log(self.config.num_towers)
 
-    def _control_loss(self, fused_hidden_states, target_ids, num_items_in_batch=None):
+    def logits_from_probe_features(self, features: torch.Tensor) -> torch.Tensor:
+        """
+        The joint model's logits [batch, seq, vocab] from `probe_features`' output: one pass of the towers then
+        serves the joint model and every probe set trained on it (scoring, probe-phase validation).
+        """
+        if self.config.cooperative:
+            return self._fused_logits(_concat_towers(features))
+        return self._control_mixture(self._control_tower_logprobs(features))
+
+    def _control_loss(self, tower_logprobs, target_ids, num_items_in_batch=None):
         """Sum over towers of each tower's own token-mean cross-entropy (independent-towers control)."""
-        gold_logprobs = self.tower_lm_heads(self._split_towers(fused_hidden_states), target_ids)
-        num_items = num_items_in_batch if num_items_in_batch is not None else target_ids.ne(-100).sum()
+        ignored = target_ids.eq(-100)
+        targets = target_ids.masked_fill(ignored, 0).expand(tower_logprobs.shape[0], -1, -1).unsqueeze(-1)
+        gold_logprobs = tower_logprobs.gather(-1, targets).squeeze(-1).masked_fill(ignored, 0.0)
+        num_items = num_items_in_batch if num_items_in_batch is not None else (~ignored).sum()
         return -gold_logprobs.sum() / num_items
 
     def _lm_forward(self, input_ids, labels, target_ids, logits_to_keep, model_kwargs, loss_kwargs):
@@ -490,18 +523,23 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
                 f"pass labels aligned with input_ids."
             )
         outputs = self.model(input_ids=input_ids, return_dict=True, **model_kwargs)
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
-        logits = self._logits(hidden_states)
-
         loss = None
-        if labels is not None and self.config.cooperative:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs)
-        elif labels is not None:
-            loss = self._control_loss(outputs.last_hidden_state, target_ids(labels), loss_kwargs.get("num_items_in_batch"))
+        if self.config.cooperative:
+            logits = self._fused_logits(_keep_positions(outputs.last_hidden_state, logits_to_keep))
+            if labels is not None:
+                loss = self.loss_function(
+                    logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs
+                )
+        else:
+            # One vocabulary projection serves the loss (every position) and the mixture logits (the kept ones).
+            hidden_states = outputs.last_hidden_state
+            if labels is None:
+                hidden_states = _keep_positions(hidden_states, logits_to_keep)
+            tower_logprobs = self._control_tower_logprobs(self._split_towers(hidden_states))
+            if labels is not None:
+                loss = self._control_loss(tower_logprobs, target_ids(labels), loss_kwargs.get("num_items_in_batch"))
+                tower_logprobs = _keep_positions(tower_logprobs, logits_to_keep)
+            logits = self._control_mixture(tower_logprobs)
         return TwoTowerCausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -517,6 +555,17 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
         fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self._split_towers(fused)
+
+    def _checked_probe_features(self, input_ids, attention_mask, features):
+        if features is None:
+            return self.probe_features(input_ids, attention_mask)
+        expected = (self.config.num_towers, *input_ids.shape, self.config.hidden_size)
+        if tuple(features.shape) != expected:
+            raise ValueError(
+                f"`features` has shape {tuple(features.shape)}, expected {expected}: pass "
+                f"`probe_features(input_ids)` of a model with this config, computed on these input_ids."
+            )
+        return features
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """Resize the shared embedding, the tied decoder and its output bias, and every probe-shaped head."""
@@ -603,6 +652,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         chunk_size: int | None = None,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """
         Each probe's log-probability of the next token, [num_towers, batch, seq - 1], float32.
@@ -610,6 +660,8 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         Entry [i, b, t] is log p_probe_i(labels[b, t + 1] | tokens <= t). `labels` default to `input_ids`;
         entries whose target is -100 (or padding, where `attention_mask` is 0) are 0.0. The vocabulary
         projection is chunked (see `TwoTowerProbes.forward`), so memory stays bounded on long inputs.
+        `features`: `probe_features(input_ids, attention_mask)` if already computed (probe sets on one frozen
+        model share it).
         """
         labels = input_ids if labels is None else labels
         if labels.shape != input_ids.shape:
@@ -617,7 +669,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         targets = labels[:, 1:]
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
-        features = self.probe_features(input_ids, attention_mask)[:, :, :-1]
+        features = self._checked_probe_features(input_ids, attention_mask, features)[:, :, :-1]
         return self.probes(features, targets, chunk_size=chunk_size)
 
 
@@ -673,12 +725,14 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         chunk_size: int | None = None,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """
         Each probe's log-probability of the original token at every labelled position, [num_towers, batch, seq].
 
         `input_ids` hold the masked sequence and `labels` the original ids at masked positions (-100
-        elsewhere); unlabelled and padding positions give 0.0.
+        elsewhere); unlabelled and padding positions give 0.0. `features`: `probe_features(input_ids,
+        attention_mask)` if already computed (probe sets on one frozen model share it).
         """
         if labels is None:
             raise ValueError(
@@ -689,7 +743,8 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
         if attention_mask is not None:
             labels = labels.masked_fill(attention_mask == 0, -100)
-        return self.probes(self.probe_features(input_ids, attention_mask), labels, chunk_size=chunk_size)
+        features = self._checked_probe_features(input_ids, attention_mask, features)
+        return self.probes(features, labels, chunk_size=chunk_size)
 
     def generate(self, *args, **kwargs):
         raise TypeError(

@@ -281,8 +281,17 @@ def test_probe_logprobs_equal_full_log_softmax_and_are_chunked():
     hook.remove()
     assert logprobs.shape == (3, BATCH, SEQ - 1)
     torch.testing.assert_close(logprobs, expected, rtol=1e-5, atol=1e-5)
-    assert max(seen_rows) == 4 and sum(seen_rows) == BATCH * (SEQ - 1)
+    # only scored positions reach the vocabulary projection: the ignored one does not
+    assert max(seen_rows) == 4 and sum(seen_rows) == BATCH * (SEQ - 1) - 1
     torch.testing.assert_close(model.probe_logprobs(input_ids, labels=labels), logprobs, rtol=1e-5, atol=1e-5)
+    # recomputed chunks (chunk_size 4) and one kept chunk (the default here) give the probes the same gradients
+    grads = []
+    for chunk_size in (4, None):
+        model.probes.zero_grad()
+        model.probe_logprobs(input_ids, labels=labels, chunk_size=chunk_size).sum().backward()
+        grads.append([p.grad.clone() for p in model.probes.parameters()])
+    for recomputed, kept in zip(*grads):
+        torch.testing.assert_close(recomputed, kept, rtol=1e-5, atol=1e-6)
 
 
 def test_probe_logprobs_ignore_padding_and_train_only_the_probes():

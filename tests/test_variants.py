@@ -68,12 +68,25 @@ def test_masked_lm_probes_score_labelled_positions_only():
     input_ids = random_ids()
     labels = torch.full_like(input_ids, -100)
     labels[:, 4] = input_ids[:, 4]
+    projected_rows = []
+    hook = model.probes.decoder.register_forward_hook(lambda m, i, o: projected_rows.append(i[0].shape[1]))
     logprobs = model.probe_logprobs(input_ids, labels=labels)
-    assert logprobs.shape == (2, BATCH, SEQ)
+    hook.remove()
+    assert logprobs.shape == (2, BATCH, SEQ) and sum(projected_rows) == BATCH  # unlabelled rows are never projected
     expected = model.probes.logits(model.probe_features(input_ids))[:, :, 4].log_softmax(-1)
     expected = expected.gather(-1, input_ids[:, 4].expand(2, -1).unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(logprobs[:, :, 4], expected, rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(logprobs[:, :, [0, 1, 2, 3, 5, 6, 7, 8]]) == 0
+    nothing_labelled = model.probe_logprobs(input_ids, labels=torch.full_like(input_ids, -100))
+    assert nothing_labelled.shape == (2, BATCH, SEQ) and torch.count_nonzero(nothing_labelled) == 0
+    # and the probes' gradients are those of the dense computation
+    model.probes.zero_grad()
+    logprobs.sum().backward()
+    sparse_grads = [p.grad.clone() for p in model.probes.parameters()]
+    model.probes.zero_grad()
+    expected.sum().backward()
+    for sparse, dense in zip(sparse_grads, [p.grad for p in model.probes.parameters()]):
+        torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-6)
 
 
 def test_bidirectional_lstm_prediction_for_a_position_never_reads_its_own_token():
@@ -88,9 +101,11 @@ def test_bidirectional_lstm_prediction_for_a_position_never_reads_its_own_token(
     assert not torch.allclose(model(changed_at(input_ids, 5)).logits[:, 4], logits[:, 4])
 
 
-def test_causal_lstm_reads_only_the_past_and_generates():
-    model = build(TwoTowerForCausalLM, **lstm_fields())
+@pytest.mark.parametrize("lstm_hidden_size, proj_size", [(20, 16), (16, 0)], ids=["projected", "tower-wide-cells"])
+def test_causal_lstm_reads_only_the_past_and_generates(lstm_hidden_size, proj_size):
+    model = build(TwoTowerForCausalLM, tower_type="lstm", lstm_hidden_size=lstm_hidden_size)
     assert model.config.use_cache is False and len(model.model.lstm_towers.forward_lstms) == 2
+    assert model.model.lstm_towers.forward_lstms[0].proj_size == proj_size  # cells as wide as the tower: none
     input_ids = random_ids()
     logits = model(input_ids).logits
     changed = model(changed_at(input_ids, 5)).logits
@@ -119,15 +134,46 @@ def test_control_towers_share_nothing_after_the_embedding(model_class):
 def test_control_loss_is_the_sum_of_each_towers_own_loss():
     model = build(TwoTowerForCausalLM, cooperative=False)
     input_ids = random_ids()
-    output = model(input_ids, labels=input_ids)
-    features = model.probe_features(input_ids)
-    tower_losses = [
-        F.cross_entropy(model.tower_lm_heads.logits(features)[tower, :, :-1].reshape(-1, VOCAB), input_ids[:, 1:].reshape(-1))
-        for tower in range(2)
-    ]
+    labels = input_ids.clone()
+    labels[0, 3] = -100
+    output = model(input_ids, labels=labels)
+    tower_logits = model.tower_lm_heads.logits(model.probe_features(input_ids))[:, :, :-1]
+    tower_losses = [F.cross_entropy(logits.reshape(-1, VOCAB), labels[:, 1:].reshape(-1)) for logits in tower_logits]
     torch.testing.assert_close(output.loss, sum(tower_losses), rtol=1e-5, atol=1e-5)
     # logits are the towers' equal-weight mixture, a proper distribution
     torch.testing.assert_close(output.logits.exp().sum(-1), torch.ones(BATCH, SEQ), rtol=1e-5, atol=1e-5)
+    # logits_to_keep keeps the last positions' logits, with or without labels, and leaves the loss alone
+    kept = model(input_ids, labels=labels, logits_to_keep=2)
+    torch.testing.assert_close(kept.logits, output.logits[:, -2:], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kept.loss, output.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(model(input_ids, logits_to_keep=2).logits, output.logits[:, -2:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "model_class, fields",
+    [
+        (TwoTowerForCausalLM, {}),
+        (TwoTowerForCausalLM, dict(cooperative=False)),
+        (TwoTowerForMaskedLM, {}),
+        (TwoTowerForMaskedLM, dict(cooperative=False)),
+        (TwoTowerForCausalLM, lstm_fields()),
+    ],
+    ids=["causal", "causal-control", "masked", "masked-control", "lstm"],
+)
+def test_one_pass_of_the_towers_gives_the_joint_logits_and_every_probes_logprobs(model_class, fields):
+    model = build(model_class, **fields)
+    input_ids = random_ids()
+    labels = input_ids.masked_fill(torch.arange(SEQ) % 3 != 0, -100)  # a masked LM scores labelled positions
+    features = model.probe_features(input_ids)
+    torch.testing.assert_close(model.logits_from_probe_features(features), model(input_ids).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.probe_logprobs(input_ids, labels=labels, features=features),
+        model.probe_logprobs(input_ids, labels=labels),
+        rtol=0,
+        atol=0,
+    )
+    with pytest.raises(ValueError, match=r"`features` has shape \(2, 3, 8, 16\), expected \(2, 3, 9, 16\)"):
+        model.probe_logprobs(input_ids, labels=labels, features=features[:, :, 1:])
 
 
 def test_options_that_do_not_fit_a_variant_fail_clearly():
@@ -137,6 +183,8 @@ def test_options_that_do_not_fit_a_variant_fail_clearly():
         build(TwoTowerForCausalLM, **lstm_fields())(random_ids(), output_attentions=True)
     with pytest.raises(ValueError, match="`use_cache=True` does not apply to LSTM towers"):
         build(TwoTowerForCausalLM, **lstm_fields())(random_ids(), use_cache=True)
+    with pytest.raises(ValueError, match=r"`lstm_hidden_size` \(8\) is smaller than `hidden_size` \(16\)"):
+        tiny_config(tower_type="lstm", lstm_hidden_size=8)
     with pytest.raises(ValueError, match="`lstm_hidden_size`=20 only applies to tower_type='lstm'"):
         tiny_config(lstm_hidden_size=20)
     with pytest.raises(ValueError, match="Unknown `tower_type` 'gru'"):
