@@ -208,8 +208,8 @@ def stream_gold_logprobs(
     models, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES, mask_token_id=None
 ):
     """
-    Run the probes of every model (probe sets on one frozen model) and the joint model of the first over every
-    batch of blocks, in the scoring passes of the objective.
+    Run the probes of every model (probe sets on one frozen model: the towers of the first run once for all)
+    and the joint model of the first over every batch of blocks, in the scoring passes of the objective.
 
     Yields per pass (gold token ids [n], gold log-probs [models, towers, n] float32, joint NLL sum of models[0]).
     """
@@ -221,11 +221,17 @@ def stream_gold_logprobs(
         for inputs, labels in scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id):
             targets = prediction_targets(labels, objective)  # [batch, seq - shift]
             scored = targets != -100
+            features = models[0].probe_features(inputs)  # the towers run once for every probe set and the joint model
             gold = torch.stack(
-                [model.probe_logprobs(inputs, labels=labels, chunk_size=probe_chunk_size) for model in models]
+                [
+                    model.probe_logprobs(inputs, labels=labels, chunk_size=probe_chunk_size, features=features)
+                    for model in models
+                ]
             )
-            logits = predicting_positions(models[0](inputs).logits, objective, seq_dim=1)  # [batch, seq - shift, vocab]
-            joint_nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+            # the joint model at the scored positions only (a masking pass scores 1 in mask_passes)
+            scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+            logits = models[0].logits_from_probe_features(scored_features.unsqueeze(1))[0]  # [n, vocab]
+            joint_nll = F.cross_entropy(logits.float(), targets[scored], reduction="sum").item()
             yield targets[scored].cpu().numpy(), gold[:, :, scored].cpu().numpy(), joint_nll
 
 

@@ -39,6 +39,7 @@ from twotower.training.phases import (
 from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
+from twotower.training.validation import evaluate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -80,7 +81,7 @@ def pretrain_run(corpus, tmp_path_factory) -> dict:
 def probe_run(corpus, pretrain_run, tmp_path_factory) -> dict:
     config = tiny_config(
         "tiny_probe", corpus, tmp_path_factory.mktemp("probe"), pretrained_model=pretrain_run["model_dir"],
-        max_train_steps=20, checkpointing_steps=100,
+        max_train_steps=20, checkpointing_steps=100, eval_steps=10,  # two evaluations: the second reuses the joint's
     )
     return {"config": config, **training_function(config)}
 
@@ -147,6 +148,22 @@ def test_probe_phase_trains_only_the_probes(pretrain_run, probe_run):
         assert metrics[f"probe_{probe}_loss"] < math.log(VOCAB_SIZE) - 0.5
         assert metrics[f"probe_{probe}_perplexity"] == pytest.approx(math.exp(metrics[f"probe_{probe}_loss"]))
         assert metrics[f"probe_{probe}_loss"] > metrics["loss"]  # one tower alone knows less than the two
+
+
+def test_probe_evaluations_reuse_the_frozen_joint_models_metrics(pretrain_run, probe_run):
+    model = AutoModelForCausalLM.from_pretrained(probe_run["model_dir"])
+    input_ids = validation_blocks(probe_run["config"], load_tokenizer(probe_run["model_dir"]))
+    batches = [{"input_ids": ids, "labels": ids} for ids in input_ids.split(8)]
+    accelerator = Accelerator(cpu=True)
+    full = evaluate(accelerator, model, batches, probe_model=model)
+    # the joint model as after pretraining, the probes as the probe run reported them
+    assert full["perplexity"] == pytest.approx(pretrain_run["eval_metrics"]["perplexity"], rel=1e-6)
+    for probe in (0, 1):
+        assert full[f"probe_{probe}_loss"] == pytest.approx(probe_run["eval_metrics"][f"probe_{probe}_loss"], rel=1e-6)
+    given = {"loss": 9.0, "perplexity": math.exp(9.0)}
+    assert evaluate(accelerator, model, batches, probe_model=model, joint_metrics=given) == {**full, **given}
+    with pytest.raises(ValueError, match="`joint_metrics` replaces the joint model's evaluation only when probes"):
+        evaluate(accelerator, model, batches, joint_metrics=given)
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["cooperative", "independent-towers-control"])

@@ -208,8 +208,15 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     if config.early_stopping_patience is not None:
         early_stopping = EarlyStopping(config.early_stopping_patience, config.early_stopping_threshold)
 
+    frozen_joint_metrics = None  # the probe phase's joint model is frozen: evaluated once
+
     def run_evaluation() -> dict:
-        metrics = evaluate(accelerator, eval_model, eval_dataloader, probe_model, config.probe_chunk_size)
+        nonlocal frozen_joint_metrics
+        metrics = evaluate(
+            accelerator, eval_model, eval_dataloader, probe_model, config.probe_chunk_size, frozen_joint_metrics
+        )
+        if probe_model is not None:
+            frozen_joint_metrics = {name: metrics[name] for name in ("loss", "perplexity")}
         accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=completed_steps)
         accelerator.print(f"step {completed_steps}: validation {format_metrics(metrics)}")
         if early_stopping is not None:
