@@ -268,7 +268,7 @@ def verdicts(rows, cross_rows, study):
         control = [r for r in rows if r["family"] == name and r["excess_significant_share"] is not None]
         if cooperative and control:
             lines.append(
-                f"- **cooperation** ({family.control_of} vs its independent-towers control {name}): mean excess share "
+                f"- **cooperation** ({family.control_of} vs {name}, its independent-towers control): mean excess share "
                 f"of significant types {_fmt(_mean([r['excess_significant_share'] for r in cooperative]))} vs "
                 f"{_fmt(_mean([r['excess_significant_share'] for r in control]))}; mean replica r "
                 f"{_fmt(_mean([r['replica_correlation'] for r in cooperative]))} vs "

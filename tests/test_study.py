@@ -135,7 +135,7 @@ def test_report_aggregates_every_run(micro_study):
     assert len(study["runs"]) == 6  # three runs x two texts
     for name in ("noise_floor.png", "cross_seed.png", "categories_causal-t2_books.png"):
         assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "micro study" in text and "**cooperation** (causal vs its independent-towers control control)" in text
+    assert "micro study" in text and "**cooperation** (causal vs control, its independent-towers control)" in text
 
     # the cross-seed correlation is compare_preferences over the two seeds' eligible centered preferences
     (causal_books,) = [row for row in study["cross_seed"] if row["family"] == "causal" and row["text"] == "books"]
