@@ -15,18 +15,12 @@ import numpy as np
 
 from twotower.training.atomic import write_text_atomically
 
-from .report import load_report, plot_preference_comparison, tower_columns
+from .report import eligible_preferences, load_report, plot_preference_comparison
 from .tower_preference.preference_stats import compare_preferences
 
 
 COMPARISON_JSON = "comparison.json"
 COMPARISON_PNG = "comparison.png"
-
-
-def _eligible_preferences(table):
-    """(token ids [types], preference_nats [towers, types], token strings) of a report's eligible token types."""
-    eligible = table[table["eligible"]]
-    return eligible["token_id"].to_numpy(), tower_columns(eligible, "preference_nats"), eligible["token"].tolist()
 
 
 def _check_same_tokenizer(ids_a, tokens_a, ids_b, tokens_b):
@@ -44,8 +38,8 @@ def compare_reports(first_report_dir, second_report_dir, output_dir):
     """Matched correlation of two reports' per-type preferences; writes comparison.json and comparison.png."""
     _, table_a = load_report(first_report_dir)
     _, table_b = load_report(second_report_dir)
-    ids_a, preference_a, tokens_a = _eligible_preferences(table_a)
-    ids_b, preference_b, tokens_b = _eligible_preferences(table_b)
+    ids_a, preference_a, tokens_a = eligible_preferences(table_a)
+    ids_b, preference_b, tokens_b = eligible_preferences(table_b)
     _check_same_tokenizer(ids_a, tokens_a, ids_b, tokens_b)
     comparison = compare_preferences(ids_a, preference_a, ids_b, preference_b)
 

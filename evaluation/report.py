@@ -64,6 +64,12 @@ def tower_columns(table, name):
     return np.stack([table[f"{name}_tower{tower_idx}"].to_numpy() for tower_idx in range(num_towers)])
 
 
+def eligible_preferences(table):
+    """(token ids [types], preference_nats [towers, types], token strings) of a per-token table's eligible types."""
+    eligible = table[table["eligible"]]
+    return eligible["token_id"].to_numpy(), tower_columns(eligible, "preference_nats"), eligible["token"].tolist()
+
+
 def save_figure(figure, path):
     write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
     plt.close(figure)

@@ -23,7 +23,7 @@ from scipy import stats
 
 from twotower.training.atomic import write_text_atomically
 
-from .report import load_report, save_figure, tower_columns
+from .report import eligible_preferences, load_report, save_figure
 from .token_categories import categorize, category_preferences, plot_category_preferences
 from .tower_preference.preference_stats import compare_preferences
 
@@ -109,11 +109,6 @@ def run_minutes(summary):
     return sum(phase["seconds"] for phase in phases) / 60
 
 
-def _eligible(table):
-    eligible = table[table["eligible"]]
-    return eligible["token_id"].to_numpy(), tower_columns(eligible, "preference_nats")
-
-
 def correlation_p_value(correlation, num_types):
     """Two-sided p-value of a Pearson correlation over num_types pairs (t test with num_types - 2 degrees of freedom).
 
@@ -141,7 +136,8 @@ def cross_seed_rows(summaries, runs_dir):
             for pair in (TOWERS, "same_tower_0"):
                 _, table_a = load_report(runs_dir / first / "scores" / text / pair)
                 _, table_b = load_report(runs_dir / second / "scores" / text / pair)
-                comparisons[pair] = compare_preferences(*_eligible(table_a), *_eligible(table_b))
+                (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (table_a, table_b))
+                comparisons[pair] = compare_preferences(ids_a, preference_a, ids_b, preference_b)
             towers.append(comparisons[TOWERS]["correlation"])
             floors.append(comparisons["same_tower_0"]["correlation"])
             p_values.append(correlation_p_value(towers[-1], comparisons[TOWERS]["num_shared_types"]))
@@ -176,7 +172,8 @@ def category_rows(summaries, runs_dir, text):
         per_seed = {}
         for name in names:
             _, table = load_report(runs_dir / name / "scores" / text / TOWERS)
-            mapping = compare_preferences(*_eligible(reference), *_eligible(table))["tower_mapping"]
+            (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (reference, table))
+            mapping = compare_preferences(ids_a, preference_a, ids_b, preference_b)["tower_mapping"]
             labels = categorize(table)
             per_seed[name] = {
                 column: category_preferences(table, values).assign(tower_of_reference_0=mapping[0])

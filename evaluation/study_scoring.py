@@ -116,6 +116,7 @@ def score_run(probe_dirs, output_dir, text_path, max_blocks=None, scoring_option
 
     objective = objective_of(config)
     probe_perplexity = np.exp(nll_sums / num_predictions)  # [sets, towers]
+    joint_perplexity = math.exp(joint_nll_sum / num_predictions)
     report = {
         "model": {
             "path": str(Path(probe_dirs[0]).resolve()),
@@ -149,7 +150,7 @@ def score_run(probe_dirs, output_dir, text_path, max_blocks=None, scoring_option
     for name, members in pairs.items():
         centered = results[name][True]
         perplexity = {
-            "joint": math.exp(joint_nll_sum / num_predictions),
+            "joint": joint_perplexity,
             "probes": [float(probe_perplexity[probe_set, tower]) for probe_set, tower in members],
         }
         tokens = tokenizer.convert_ids_to_tokens(centered.token_ids.tolist())
@@ -159,7 +160,7 @@ def score_run(probe_dirs, output_dir, text_path, max_blocks=None, scoring_option
     )
     scores = {
         **report,
-        "perplexity": {"joint": math.exp(joint_nll_sum / num_predictions), "probe_sets": probe_perplexity.tolist()},
+        "perplexity": {"joint": joint_perplexity, "probe_sets": probe_perplexity.tolist()},
         "pairs": {
             name: {
                 kind: {key: results[name][center].summary[key] for key in SUMMARY_FIELDS}

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 from scipy import stats
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from .report import TOWER_COLORS, save_figure, tower_columns
 
@@ -31,16 +32,8 @@ NOT_WORD_INITIAL = "not word-initial"  # part-of-speech label of pieces that do 
 NLTK_TAGGER_DATA = ("taggers/averaged_perceptron_tagger_eng", "taggers/universal_tagset")
 
 
-def _bytes_to_unicode():
-    """GPT-2's map from each byte to a printable character: printable Latin-1 bytes map to themselves, the other
-    68 bytes (controls, space, ...) to 256, 257, ... in byte order. transformers 5 no longer exports it from gpt2."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [byte for byte in range(256) if byte not in printable]
-    characters = printable + [256 + idx for idx in range(len(others))]
-    return dict(zip(printable + others, map(chr, characters)))
-
-
-BYTE_DECODER = {character: byte for byte, character in _bytes_to_unicode().items()}
+# GPT-2's map from each byte to the printable character byte-level BPE writes for it, inverted
+BYTE_DECODER = {character: byte for byte, character in bytes_to_unicode().items()}
 
 
 def _piece_text(token, scheme):
