@@ -23,7 +23,7 @@ import torch
 from transformers import HfArgumentParser
 
 from modeling_twotower import TwoTowerConfig
-from twotower.training.arguments import RECIPES_DIR, read_recipe
+from twotower.training.arguments import RECIPES_DIR, TwoTowerTrainingConfig, read_recipe
 
 from .baselines import MODEL_NAMES, REFERENCE, TWO_TOWER, build_model, num_parameters, training_flops_per_token
 from .measure import PeakFlops, machine_info, release_memory
@@ -52,6 +52,10 @@ SIZES = {
 }
 CPU_MICRO_BATCH, ACCELERATOR_MICRO_BATCH = 8, 64  # the comparison's default micro-batch
 CPU_MAX_MICRO_BATCH, CPU_QUICK_MAX_MICRO_BATCH, ACCELERATOR_MAX_MICRO_BATCH = 32, 8, 1024  # search caps
+# Architecture fields the training takes as options; the vocabulary comes from the tokenizer.
+ARCHITECTURE_OPTIONS = (
+    "num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "embedding_size"
+)
 CPU_MEMORY_BUDGET_FRACTION = 0.75  # of the RAM: what a CPU micro-batch may use (accelerators stop at out-of-memory)
 
 
@@ -65,6 +69,8 @@ class BenchmarkArguments:
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
     num_towers: int | None = None
+    tower_wide_embedding: bool = False  # embedding_size = hidden_size: the reference code's GPT layout, whose FLOPs
+    # per token are about GPT-2's (the default, num_towers * hidden_size, is the paper's)
     seq_len: int | None = None  # tokens per sequence; None = the model's max_position_embeddings (128, the recipes')
     micro_batch: int | None = None  # sequences per training step and scoring call; None = 8 on CPU, 64 on GPUs
     new_tokens: int | None = None  # tokens generated per sequence; None = seq_len // 2, the prompt being the rest
@@ -140,7 +146,10 @@ def size_config(size: str, args: BenchmarkArguments) -> TwoTowerConfig:
     given = {name: getattr(args, name) for name in (*fields, "num_towers") if getattr(args, name) is not None}
     if args.seq_len is not None:
         given["max_position_embeddings"] = args.seq_len
-    return TwoTowerConfig.from_preset(preset, **{**overrides, **given})
+    config = TwoTowerConfig.from_preset(preset, **{**overrides, **given})
+    if args.tower_wide_embedding:
+        config = TwoTowerConfig.from_preset(preset, **{**overrides, **given, "embedding_size": config.hidden_size})
+    return config
 
 
 def compare_models(config, device, setting, args, each_round=None) -> dict:
@@ -213,14 +222,24 @@ def recipe_budget(size: str, args: BenchmarkArguments) -> dict:
     default_batch = values.get("per_device_train_batch_size", 16) * values.get("gradient_accumulation_steps", 1)
     global_batch = args.global_batch_size or default_batch
     steps, block_size = values.get("max_train_steps"), values.get("block_size", 128)
+    recipe_config = TwoTowerConfig.from_preset(
+        values.get("model_preset", TwoTowerTrainingConfig.model_preset),
+        **{name: values[name] for name in ARCHITECTURE_OPTIONS if name in values},
+    )
     tokens = steps * global_batch * block_size if steps else None
     description = (
         f"recipe `{recipe}` ({steps:,} steps x {global_batch:,} sequences x {block_size} tokens = {tokens:.3g} tokens)"
         if tokens
         else None
     )
+    config = size_config(size, args)
+    model_arguments = []
+    for name in ARCHITECTURE_OPTIONS:
+        if getattr(config, name) != getattr(recipe_config, name):
+            model_arguments += [f"--{name}", str(getattr(config, name))]
     return {
         "recipe": recipe,
+        "model_arguments": model_arguments,  # train options that turn the recipe's model into the benchmarked one
         "global_batch_size": global_batch,
         "recipe_tokens": tokens,
         "recipe_description": description,
@@ -302,8 +321,10 @@ def run_benchmarks(args: BenchmarkArguments) -> dict:
             body += ["", search_markdown(result["search"], device)]
         print("\n" + "\n".join(body) + "\n", flush=True)
         if args.output:
-            title = f"{info['accelerator'] or 'CPU'}, size `{size}`"
-            update_document(args.output, f"{machine_key}:{size}", title, "\n".join(body))
+            layout = ", tower-wide embedding" if args.tower_wide_embedding else ""
+            title = f"{info['accelerator'] or 'CPU'}, size `{size}`{layout}"
+            key = f"{machine_key}:{size}" + (":tower-wide-embedding" if args.tower_wide_embedding else "")
+            update_document(args.output, key, title, "\n".join(body))
         results["sizes"][size] = result
     results.update(peak_flops=peak.value, peak_source=peak.source)
     return results

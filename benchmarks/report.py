@@ -63,7 +63,7 @@ def config_line(config, seq_len: int) -> str:
     return (
         f"{config.num_towers} towers x {config.num_hidden_layers} layers, width {config.hidden_size}, "
         f"{config.num_attention_heads} heads, MLP {config.intermediate_size}, vocabulary {config.vocab_size}, "
-        f"sequence {seq_len}"
+        f"embedding and tied decoder {config.embedding_size} wide, sequence {seq_len}"
     )
 
 
@@ -125,7 +125,7 @@ def search_markdown(search: dict, device) -> str:
     if best is None:
         return "\n".join(lines + ["", "No setting could be measured."])
     recipe_tokens = search["recipe_tokens"]
-    arguments = training_arguments(best, search["global_batch_size"])
+    arguments = search["model_arguments"] + training_arguments(best, search["global_batch_size"])
     recipe = f"--recipe {search['recipe']} " if search["recipe"] else ""
     lines += [
         "",

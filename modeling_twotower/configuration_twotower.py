@@ -23,17 +23,22 @@ TOWER_TYPES = ("transformer", "lstm")
 class TwoTowerConfig(PretrainedConfig):
     r"""
     Configuration of a [`TwoTowerForCausalLM`]: `num_towers` transformer stacks of identical shape, fed by one
-    shared token embedding of width `num_towers * hidden_size` and joined only by a fusion head.
+    shared token embedding of width `embedding_size` (by default `num_towers * hidden_size`, the paper's) and
+    joined only by a fusion head whose decoder is tied to that embedding.
 
     `hidden_size`, `num_hidden_layers`, `num_attention_heads` and `intermediate_size` describe ONE tower.
+    `embedding_size=hidden_size` gives the h-wide embedding and decoder of the reference code's GPT variant:
+    the fusion head then maps the concatenated towers down to h before the decoder, and the model spends
+    about the FLOPs of one GPT-2 of width h and `num_towers * num_hidden_layers` layers (the default layout
+    spends 1.1-1.7x that, its decoder being `num_towers` times wider).
 
     Example:
 
     ```python
     >>> from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
     >>> config = TwoTowerConfig.from_preset("base")
-    >>> config.num_towers, config.hidden_size, config.fused_hidden_size
-    (2, 384, 768)
+    >>> config.num_towers, config.hidden_size, config.fused_hidden_size, config.embedding_size
+    (2, 384, 768, 768)
     >>> model = TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=128))
     ```
     """
@@ -50,6 +55,7 @@ class TwoTowerConfig(PretrainedConfig):
         num_attention_heads: int = 12,  # heads per tower
         intermediate_size: int = 1536,  # MLP width of one tower
         num_towers: int = 2,  # 2 in the paper; 3 or more also work
+        embedding_size: int | None = None,  # shared embedding and tied decoder width (None: num_towers * hidden_size)
         tower_type: str = "transformer",  # transformer (BERT/GPT-style) | lstm (ELMo-style)
         lstm_hidden_size: int | None = None,  # lstm towers: cells >= hidden_size, projected back to it (None: 4 * h)
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
@@ -73,6 +79,7 @@ class TwoTowerConfig(PretrainedConfig):
         self.num_attention_heads = num_attention_heads
         self.intermediate_size = intermediate_size
         self.num_towers = num_towers
+        self.embedding_size = embedding_size
         self.tower_type = tower_type
         self.lstm_hidden_size = lstm_hidden_size
         self.bidirectional = bidirectional
@@ -97,7 +104,7 @@ class TwoTowerConfig(PretrainedConfig):
 
     @property
     def fused_hidden_size(self) -> int:
-        """Width of the shared embedding and of the concatenated towers: `num_towers * hidden_size`."""
+        """Width of the concatenated towers, `num_towers * hidden_size` (and by default of the embedding)."""
         return self.num_towers * self.hidden_size
 
     @property
@@ -121,6 +128,13 @@ class TwoTowerConfig(PretrainedConfig):
             raise ValueError(
                 f"`num_towers` must be an integer >= 2 (a two-tower model needs at least two towers), "
                 f"got {self.num_towers!r}."
+            )
+        if self.embedding_size is None:
+            self.embedding_size = self.fused_hidden_size
+        if not isinstance(self.embedding_size, int) or self.embedding_size <= 0:
+            raise ValueError(
+                f"`embedding_size` must be a positive integer (or None for num_towers * hidden_size = "
+                f"{self.fused_hidden_size}), got {self.embedding_size!r}."
             )
         if self.tower_type == "transformer" and self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(

@@ -293,11 +293,11 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         if config.bidirectional is None:
             config.bidirectional = False
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.fused_hidden_size, config.pad_token_id)
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.fused_hidden_size)
-        self.embed_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
+        self.embed_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.fused_hidden_size, config.hidden_size)
+        self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
         if config.tower_type == "lstm":
             self.lstm_towers = TwoTowerLSTMTowers(config)
         else:
@@ -388,7 +388,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         self._check_inputs(input_ids, inputs_embeds, past_seen_tokens, use_cache, output_attentions)
 
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, towers * hidden]
+            inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, embedding_size]
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)  # one slot per depth: towers are folded into heads
         if position_ids is None:
@@ -465,10 +465,11 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         super().__init__(config)
         self.model = TwoTowerModel(config)
         if config.cooperative:
-            self.fusion_dense = nn.Linear(config.fused_hidden_size, config.fused_hidden_size)
+            # Down to the embedding's width (the same width by default), which the tied decoder needs.
+            self.fusion_dense = nn.Linear(config.fused_hidden_size, config.embedding_size)
             self.fusion_act = ACT2FN[config.hidden_act]
-            self.fusion_output_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
-            self.lm_head = nn.Linear(config.fused_hidden_size, config.vocab_size, bias=True)  # bias: output bias
+            self.fusion_output_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+            self.lm_head = nn.Linear(config.embedding_size, config.vocab_size, bias=True)  # bias: output bias
         else:
             self.tower_lm_heads = TwoTowerProbes(config)
         self.probes = TwoTowerProbes(config)

@@ -59,10 +59,10 @@ def one_thread():
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-@pytest.mark.parametrize("num_towers", [2, 3])
-def test_flops_per_token_equal_the_matmuls_torch_counts(name, num_towers):
+@pytest.mark.parametrize("num_towers, embedding_size", [(2, None), (3, None), (2, HIDDEN)])
+def test_flops_per_token_equal_the_matmuls_torch_counts(name, num_towers, embedding_size):
     # Eager attention runs as plain matmuls, so torch's counter sees every FLOP of the nanoGPT estimate.
-    config = tiny_config(num_towers=num_towers)
+    config = tiny_config(num_towers=num_towers, embedding_size=embedding_size)
     model = build_model(name, config)
     model.set_attn_implementation("eager")
     input_ids = random_ids()
@@ -237,7 +237,7 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
     argv += ["--new_tokens", "4", "--warmup", "1", "--repeats", "1", "--num_threads", "1", "--device", "cpu"]
     argv += ["--search", "--quick", "--max_micro_batch", "2", "--search_compile_modes", "none"]
     argv += ["--search_precisions", "fp32", "tf32", "--search_activation_checkpointing", "off"]
-    argv += ["--output", str(output)]
+    argv += ["--tower_wide_embedding", "--output", str(output)]
     results = bench_speed.main(argv)
 
     comparison = results["sizes"]["tiny"]["comparison"]
@@ -257,6 +257,21 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
     text = output.read_text()
     for expected in ("| two-tower |", "| gpt2-equal-flops |", "| reference |", "distributed_type: 'NO'"):
         assert expected in text
-    assert "--recipe tiny --per_device_train_batch_size 2" in text
+    # the printed launch builds the benchmarked model from the recipe's
+    model_options = "--hidden_size 16 --num_hidden_layers 1 --num_attention_heads 2 --intermediate_size 24"
+    assert f"--recipe tiny {model_options} --embedding_size 16 --per_device_train_batch_size 2" in text
     assert text.count("<!-- benchmark:") == text.count("<!-- /benchmark:") == 1  # one section
+    assert ":tiny:tower-wide-embedding -->" in text and "embedding and tied decoder 16 wide" in text
     assert "| two-tower |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("size, width", [("tiny", 64), ("small", 192), ("base", 384)])
+def test_tower_wide_embedding_brings_the_flops_to_about_gpt2s(size, width):
+    paper = bench_speed.size_config(size, bench_speed.BenchmarkArguments(sizes=[size]))
+    narrow = bench_speed.size_config(size, bench_speed.BenchmarkArguments(sizes=[size], tower_wide_embedding=True))
+    assert (paper.embedding_size, narrow.embedding_size, narrow.hidden_size) == (2 * width, width, width)
+    gpt2 = training_flops_per_token(GPT2_EQUAL_FLOPS, narrow, 128)
+    # the default layout's decoder is twice as wide as GPT-2's; the tower-wide one adds only the small
+    # per-tower projections and the fusion layer
+    assert training_flops_per_token(TWO_TOWER, paper, 128) / gpt2 > 1.2
+    assert 1.0 < training_flops_per_token(TWO_TOWER, narrow, 128) / gpt2 < 1.05

@@ -90,6 +90,7 @@ def test_model_type_is_namespaced_and_config_round_trips(tmp_path):
         (dict(vocab_size=0), "vocab_size.*positive"),
         (dict(hidden_act="swishy"), "Unknown `hidden_act` 'swishy'"),
         (dict(hidden_dropout=1.5), "hidden_dropout.*\\[0, 1\\)"),
+        (dict(embedding_size=0), "`embedding_size` must be a positive integer .*num_towers \\* hidden_size = 24"),
     ],
 )
 def test_invalid_config_raises_a_clear_error(fields, message):
@@ -116,6 +117,34 @@ def test_parameters_follow_the_paper_architecture():
     assert model.probes.decoder.weight.shape == (3, HIDDEN, VOCAB)
     std = model.model.layers[1].self_attn.q_proj.weight.std().item()
     assert abs(std - model.config.initializer_range) < 0.005
+
+
+def test_embedding_size_narrows_the_embedding_and_the_tied_decoder(tmp_path):
+    # The reference code's GPT variant: an h-wide embedding, and Linear(towers * h -> h) before the decoder.
+    model = tiny_model(embedding_size=HIDDEN)
+    assert model.config.fused_hidden_size == 2 * HIDDEN and tiny_config().embedding_size == 2 * HIDDEN
+    assert model.model.embed_tokens.weight.shape == (VOCAB, HIDDEN)
+    assert model.model.embed_positions.weight.shape == (32, HIDDEN)
+    assert model.model.tower_proj.weight.shape == (2, HIDDEN, HIDDEN)
+    assert model.fusion_dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # nn.Linear: [out, in]
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+    # The head, independently: LayerNorm(concat) -> Linear + GELU -> LayerNorm -> embedding^T + output bias.
+    input_ids = random_ids()
+    output = model(input_ids, output_tower_hidden_states=True)
+    concat = torch.cat(list(output.tower_hidden_states), dim=-1)
+    eps = model.config.layer_norm_eps
+    fused = F.layer_norm(concat, (2 * HIDDEN,), model.model.fusion_norm.weight, model.model.fusion_norm.bias, eps)
+    fused = F.gelu(fused @ model.fusion_dense.weight.T + model.fusion_dense.bias)
+    fused = F.layer_norm(fused, (HIDDEN,), model.fusion_output_norm.weight, model.fusion_output_norm.bias, eps)
+    expected = fused @ model.model.embed_tokens.weight.T + model.lm_head.bias
+    torch.testing.assert_close(output.logits, expected, rtol=1e-5, atol=1e-5)
+
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.embedding_size == HIDDEN
+    assert torch.equal(loaded(input_ids).logits, output.logits)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
 
 
 def _reference_tower(model, tower_idx, input_ids, params):
@@ -148,9 +177,9 @@ def _reference_tower(model, tower_idx, input_ids, params):
     return hidden
 
 
-@pytest.mark.parametrize("num_towers", [2, 3])
-def test_batched_towers_equal_each_tower_run_alone_forward_and_backward(num_towers):
-    model = tiny_model(num_towers=num_towers)
+@pytest.mark.parametrize("num_towers, embedding_size", [(2, None), (3, None), (2, HIDDEN)])
+def test_batched_towers_equal_each_tower_run_alone_forward_and_backward(num_towers, embedding_size):
+    model = tiny_model(num_towers=num_towers, embedding_size=embedding_size)
     input_ids = random_ids()
     tower_names = [n for n, _ in model.named_parameters() if n.startswith(("model.tower_proj", "model.layers"))]
     weights = torch.randn(num_towers, BATCH, SEQ, HIDDEN, generator=torch.Generator().manual_seed(3))

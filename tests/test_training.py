@@ -338,8 +338,9 @@ def test_optimizer_decays_weights_but_not_norms_or_biases(pretrain_run):
 
 
 @pytest.mark.parametrize(
-    "architecture", [dict(), dict(cooperative=False), dict(tower_type="lstm", lstm_hidden_size=96)],
-    ids=["transformer", "independent-towers-control", "lstm"],
+    "architecture",
+    [dict(), dict(embedding_size=64), dict(cooperative=False), dict(tower_type="lstm", lstm_hidden_size=96)],
+    ids=["transformer", "tower-wide-embedding", "independent-towers-control", "lstm"],
 )
 def test_flops_per_token_counts_every_matmul_weight(architecture):
     config = modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=320, **architecture)

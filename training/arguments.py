@@ -57,6 +57,8 @@ class TwoTowerTrainingConfig:
     num_attention_heads: int | None = None  # heads per tower
     intermediate_size: int | None = None  # MLP width of one tower
     lstm_hidden_size: int | None = None  # LSTM towers (elmo presets): cell size
+    embedding_size: int | None = None  # shared embedding and tied decoder; None = num_towers * hidden_size (the
+    # paper's); hidden_size = the reference code's GPT variant, about the FLOPs of a GPT-2 as deep as all towers
     cooperative: bool | None = None  # False: the independent-towers control (one LM head and loss per tower)
     max_position_embeddings: int | None = None  # positions; must be >= block_size
     hidden_dropout: float | None = None
@@ -154,7 +156,7 @@ class TwoTowerTrainingConfig:
     def model_overrides(self) -> dict:
         """The model fields set in this config, to apply over `model_preset`."""
         names = ("num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
-        names += ("intermediate_size", "lstm_hidden_size", "cooperative", "max_position_embeddings")
+        names += ("intermediate_size", "lstm_hidden_size", "embedding_size", "cooperative", "max_position_embeddings")
         names += ("hidden_dropout", "attention_dropout")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 

@@ -219,10 +219,12 @@ def describe_phase(training_config: dict, family: dict) -> dict:
 def describe_architecture(model_config: dict, weight_files: list[Path], tokenizer) -> dict:
     num_parameters, num_probe_parameters = count_parameters(weight_files)
     names = ("num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    fused_hidden_size = model_config["num_towers"] * model_config["hidden_size"]
     return {
         **{name: model_config[name] for name in (*names, "vocab_size", "max_position_embeddings")},
         "lstm_hidden_size": model_config.get("lstm_hidden_size"),
-        "fused_hidden_size": model_config["num_towers"] * model_config["hidden_size"],
+        "fused_hidden_size": fused_hidden_size,
+        "embedding_size": model_config.get("embedding_size") or fused_hidden_size,  # older configs: the fused width
         "tokenizer_size": len(tokenizer),
         "num_parameters": num_parameters,
         "num_probe_parameters": num_probe_parameters,

@@ -13,10 +13,10 @@ def _tower_weights(config) -> int:
         per_layer = 8 * config.lstm_hidden_size * hidden + config.lstm_hidden_size * hidden
         if config.bidirectional:  # ELMo-style: a backward stack too, and [left; right] context -> tower width
             layers, context_proj = 2 * layers, 2 * hidden * hidden
-            return config.num_towers * (config.fused_hidden_size * hidden + layers * per_layer + context_proj)
+            return config.num_towers * (config.embedding_size * hidden + layers * per_layer + context_proj)
     else:
         per_layer = 4 * hidden * hidden + 2 * hidden * config.intermediate_size  # q, k, v, o; MLP up and down
-    return config.num_towers * (config.fused_hidden_size * hidden + layers * per_layer)
+    return config.num_towers * (config.embedding_size * hidden + layers * per_layer)
 
 
 def _probe_shaped_weights(config) -> int:
@@ -37,8 +37,8 @@ def flops_per_token(config, block_size: int, phase: str) -> float:
         attention = config.num_hidden_layers * config.num_towers * config.hidden_size * block_size
     if phase == "probe":
         return 2 * _tower_weights(config) + 4 * attention + 6 * _probe_shaped_weights(config)
-    fused = config.fused_hidden_size
-    head = fused * fused + fused * config.vocab_size if config.cooperative else _probe_shaped_weights(config)
+    fusion_and_decoder = (config.fused_hidden_size + config.vocab_size) * config.embedding_size
+    head = fusion_and_decoder if config.cooperative else _probe_shaped_weights(config)
     return 6 * (_tower_weights(config) + head) + 12 * attention
 
 
