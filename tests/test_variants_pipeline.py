@@ -223,6 +223,9 @@ def test_model_card_names_the_family(pipeline_run):
     # the causal-LM caveat only for causal models; the control says what it is
     assert ("The objective is next-token prediction" in text) == (pipeline_tag == "text-generation")
     assert ("independent-towers control" in text) == (variant == "control")
+    embedding_size = TwoTowerConfig.from_pretrained(pipeline_run["probe"]["model_dir"]).embedding_size
+    assert f"A shared token embedding of width {embedding_size} plus" in text
+    assert f"| Shared embedding and tied decoder width (`embedding_size`) | {embedding_size} |" in text
 
 
 @pytest.mark.parametrize("pipeline_run", ["masked"], indirect=True)  # tests/test_variants.py covers every family
