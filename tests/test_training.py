@@ -339,8 +339,14 @@ def test_optimizer_decays_weights_but_not_norms_or_biases(pretrain_run):
 
 @pytest.mark.parametrize(
     "architecture",
-    [dict(), dict(embedding_size=64), dict(cooperative=False), dict(tower_type="lstm", lstm_hidden_size=96)],
-    ids=["transformer", "tower-wide-embedding", "independent-towers-control", "lstm"],
+    [
+        dict(),
+        dict(embedding_size=64),
+        dict(cooperative=False),
+        dict(tower_type="lstm", lstm_hidden_size=96),
+        dict(tower_type="lstm", lstm_hidden_size=96, embedding_size=64),
+    ],
+    ids=["transformer", "tower-wide-embedding", "independent-towers-control", "lstm", "lstm-tower-wide-embedding"],
 )
 def test_flops_per_token_counts_every_matmul_weight(architecture):
     config = modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=320, **architecture)

@@ -49,6 +49,31 @@ def test_elmo_presets_follow_the_paper(preset, lstm_hidden_size):
     assert config.lstm_hidden_size == lstm_hidden_size and config.use_cache is False
 
 
+@pytest.mark.parametrize(
+    "model_class, fields",
+    [
+        (TwoTowerForMaskedLM, {}),
+        (TwoTowerForMaskedLM, lstm_fields()),
+        (TwoTowerForCausalLM, lstm_fields()),
+        (TwoTowerForCausalLM, dict(cooperative=False)),
+    ],
+    ids=["masked", "elmo", "causal-lstm", "control"],
+)
+def test_every_family_takes_a_tower_wide_embedding(model_class, fields, tmp_path):
+    model = build(model_class, embedding_size=16, **fields).train()
+    assert model.model.embed_tokens.weight.shape == (VOCAB, 16)
+    input_ids = random_ids()
+    output = model(input_ids, labels=input_ids)
+    assert output.logits.shape == (BATCH, SEQ, VOCAB) and torch.isfinite(output.loss)
+    output.loss.backward()
+    untrained = {name for name, param in model.named_parameters() if param.grad is None}
+    assert untrained and all(name.startswith("probes.") for name in untrained)  # all but the probes train
+    model.eval().save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path)
+    assert loaded.config.embedding_size == 16
+    assert torch.equal(loaded(input_ids).logits, model(input_ids).logits)
+
+
 def test_masked_lm_towers_are_bidirectional_and_the_loss_is_unshifted():
     model = build(TwoTowerForMaskedLM)
     assert model.config.bidirectional is True and model.model.layers[0].self_attn.is_causal is False
