@@ -148,7 +148,7 @@ def size_config(size: str, args: BenchmarkArguments) -> TwoTowerConfig:
         given["max_position_embeddings"] = args.seq_len
     config = TwoTowerConfig.from_preset(preset, **{**overrides, **given})
     if args.tower_wide_embedding:
-        config = TwoTowerConfig.from_preset(preset, **{**overrides, **given, "embedding_size": config.hidden_size})
+        config.embedding_size = config.hidden_size  # a validated width: nothing else to check
     return config
 
 
@@ -215,8 +215,9 @@ def add_mfu_and_ratios(comparison: dict, peak_flops: float) -> None:
         comparison["ratios"][name] = ratios
 
 
-def recipe_budget(size: str, args: BenchmarkArguments) -> dict:
-    """The recipe whose time is projected: its name, global batch and training tokens (None when open-ended)."""
+def recipe_budget(size: str, config: TwoTowerConfig, args: BenchmarkArguments) -> dict:
+    """The recipe whose time is projected: its name, global batch, training tokens (None when open-ended), and the
+    train options that turn its model into `config`."""
     recipe = args.recipe or (size if (RECIPES_DIR / f"{size}.yaml").is_file() else None)
     values = read_recipe(recipe) if recipe else {}
     default_batch = values.get("per_device_train_batch_size", 16) * values.get("gradient_accumulation_steps", 1)
@@ -232,7 +233,6 @@ def recipe_budget(size: str, args: BenchmarkArguments) -> dict:
         if tokens
         else None
     )
-    config = size_config(size, args)
     model_arguments = []
     for name in ARCHITECTURE_OPTIONS:
         if getattr(config, name) != getattr(recipe_config, name):
@@ -249,7 +249,7 @@ def recipe_budget(size: str, args: BenchmarkArguments) -> dict:
 def run_search(config, device, args, size, each_round=None) -> dict:
     """The fastest-setting search at this size: the grid, or with --quick each value alone then the best mix."""
     seq_len = args.seq_len or config.max_position_embeddings
-    budget = recipe_budget(size, args)
+    budget = recipe_budget(size, config, args)
     cap = args.max_micro_batch or (
         (CPU_QUICK_MAX_MICRO_BATCH if args.quick else CPU_MAX_MICRO_BATCH)
         if device.type == "cpu"
