@@ -3,8 +3,10 @@
 from .tower_preference.preference_stats import (
     PreferenceAccumulator,
     PreferenceResult,
+    ReplicaPreferenceAccumulator,
     compare_preferences,
     compute_preference,
+    fit_f_distribution,
     sarle_bimodality_coefficient,
 )
 
@@ -12,7 +14,9 @@ from .tower_preference.preference_stats import (
 __all__ = [
     "PreferenceAccumulator",
     "PreferenceResult",
+    "ReplicaPreferenceAccumulator",
     "compare_preferences",
     "compute_preference",
+    "fit_f_distribution",
     "sarle_bimodality_coefficient",
 ]

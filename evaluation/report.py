@@ -7,7 +7,12 @@ Layout (every file written atomically: a temporary file in the same folder, then
     logprob_scatter.png         per token type: mean log-prob under one tower against another, with the diagonal
     preference_histogram.png    distribution of the preference over eligible token types
     preference_vs_frequency.png preference against log10 of the token type's count
+    preference_vs_floor.png     with probe replicas: per token type, the two-tower difference against the
+                                same-tower floor, with the diagonal
     report.md                   the numbers, the plots and each tower's top tokens
+
+With probe replicas (summary["test"] == "replica"), perplexity may also hold "probe_replicas" ([per replica] per
+tower), and report.md leads with whether the per-type preference belongs to the towers or to the probes.
 
 `plot_preference_comparison` draws the scatter plot of twotower.evaluation.compare.
 """
@@ -36,11 +41,16 @@ PLOTS = {
     "preference_histogram": "preference_histogram.png",
     "preference_vs_frequency": "preference_vs_frequency.png",
 }
+REPLICA_PLOTS = {"preference_vs_floor": "preference_vs_floor.png"}  # only with probe replicas
 TOWER_COLORS = plt.get_cmap("tab10").colors
 PER_TOKEN_COLUMNS = (
     "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "
-    "(one per tower t), preferred_tower, p_value, eligible, significant"
+    "(one per tower t), preferred_tower, p_value, eligible, significant; with probe replicas also "
+    "occurrence_p_value, occurrence_significant, two_tower_difference_nats, same_tower_difference_nats and "
+    "probe_mean_logprob_probe{p} (one per probe p)"
 )
+RELIABLE_PREFERENCE = 0.7  # from this reliability on, report.md calls the per-type preference the towers'
+BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tests, without and with probe replicas
 
 
 def per_token_table(result, tokens):
@@ -55,13 +65,27 @@ def per_token_table(result, tokens):
         eligible=result.eligible,
         significant=result.significant,
     )
+    if result.probe_mean_logprob is not None:  # probe replicas: p_value above is the replica-level test's
+        columns.update(
+            occurrence_p_value=result.occurrence_p_value,
+            occurrence_significant=result.occurrence_significant,
+            two_tower_difference_nats=result.two_tower_difference_per_type_nats,
+            same_tower_difference_nats=result.same_tower_difference_per_type_nats,
+        )
+        for probe_idx, values in enumerate(result.probe_mean_logprob):
+            columns[f"probe_mean_logprob_probe{probe_idx}"] = values
     return pd.DataFrame(columns)
+
+
+def numbered_columns(table, prefix):
+    """[n, types] array of the columns `prefix`0, `prefix`1, ... of a per-token table."""
+    count = sum(column[len(prefix) :].isdigit() for column in table.columns if column.startswith(prefix))
+    return np.stack([table[f"{prefix}{index}"].to_numpy() for index in range(count)])
 
 
 def tower_columns(table, name):
     """[towers, types] array of the per-tower columns `name`_tower0, `name`_tower1, ... of a per-token table."""
-    num_towers = sum(column.startswith(f"{name}_tower") for column in table.columns)
-    return np.stack([table[f"{name}_tower{tower_idx}"].to_numpy() for tower_idx in range(num_towers)])
+    return numbered_columns(table, f"{name}_tower")
 
 
 def eligible_preferences(table):
@@ -141,6 +165,28 @@ def plot_preference_vs_frequency(table, path):
     save_figure(figure, path)
 
 
+def plot_preference_vs_floor(table, path):
+    """Per eligible token type, the same-tower difference (x) against the two-tower difference (y), with y = x."""
+    eligible = table[table["eligible"]]
+    same_tower = eligible["same_tower_difference_nats"].to_numpy()
+    two_tower = eligible["two_tower_difference_nats"].to_numpy()
+    significant = eligible["significant"].to_numpy(dtype=bool)
+    figure, axis = plt.subplots(figsize=(5, 5))
+    groups = [(~significant, "grey", "not significant"), (significant, _tower_color(0), "beyond probe noise")]
+    for shown, color, label in groups:
+        axis.scatter(same_tower[shown], two_tower[shown], s=6, alpha=0.6, linewidths=0, color=color, label=label)
+    high = 1.05 * max(same_tower.max(initial=0.0), two_tower.max(initial=0.0), 1e-3)
+    axis.plot([0.0, high], [0.0, high], color="black", linewidth=0.8, label="two towers = one tower")
+    axis.set_xlim(0.0, high)
+    axis.set_ylim(0.0, high)
+    axis.set_xlabel("same-tower difference: probes of one tower (nats)")
+    axis.set_ylabel("two-tower difference: probes of two towers (nats)")
+    above = np.mean(two_tower > same_tower) if two_tower.size else float("nan")
+    axis.set_title(f"one point per eligible token type; {above:.0%} above the diagonal")
+    axis.legend(loc="upper left")
+    save_figure(figure, path)
+
+
 def plot_preference_comparison(preference_a, preference_b, comparison, path):
     """Per shared token type, run A's preference against run B's matched tower (for two towers: tower 0 only)."""
     shown = range(len(_shown_preferences(preference_a)))
@@ -200,16 +246,102 @@ def _offset_line(summary):
     )
 
 
+def _number(value, digits=3):
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _perplexity_lines(perplexity):
+    """The perplexity table, with a column of each tower's replicas when it has several probes."""
+    replicas = perplexity.get("probe_replicas")
+    if replicas is None:
+        return [
+            "| model | perplexity |",
+            "|---|---|",
+            f"| joint model | {_number(perplexity['joint'], 2)} |",
+            *[f"| probe of tower {t} | {_number(value, 2)} |" for t, value in enumerate(perplexity["probes"])],
+        ]
+    return [
+        "| model | perplexity | each replica |",
+        "|---|---|---|",
+        f"| joint model | {_number(perplexity['joint'], 2)} | |",
+        *[
+            f"| probes of tower {t} | {_number(value, 2)} | {', '.join(_number(r, 2) for r in replicas[t])} |"
+            for t, value in enumerate(perplexity["probes"])
+        ],
+    ]
+
+
+def _replica_verdict(summary):
+    """One sentence: what the reliability says about the towers and the probes."""
+    reliability, (low, _) = summary["reliability"], summary["reliability_ci"]
+    if reliability is None:
+        return "Too few eligible token types to tell the towers from the probes."
+    if low is None or low <= 0.0:
+        return (
+            "The reliability is indistinguishable from 0: the towers differ only as much as probes of one tower do, "
+            "so the per-type preference below is probe noise."
+        )
+    if reliability >= RELIABLE_PREFERENCE:
+        return (
+            "The reliability is high: probes of one tower agree, so the per-type preference is a property of the "
+            "towers."
+        )
+    return (
+        "The reliability is between 0 and 1: part of the per-type preference belongs to the towers and part is "
+        "probe noise, so read single types by their replica-level significance."
+    )
+
+
+def _replica_lines(summary):
+    """The section that leads a report with probe replicas: is the per-type preference the towers' or the probes'?"""
+    low, high = summary["reliability_ci"]
+    replicas = ", ".join(f"{count} of tower {t}" for t, count in enumerate(summary["replicas_per_tower"]))
+    pairing = "paired by training run" if summary["paired"] else "independent replicas"
+    return [
+        "## Tower or probe?",
+        "",
+        f"{summary['num_probes']} probes ({replicas}; {pairing}). A second probe of the same tower differs from the "
+        "first per token type; these figures measure the towers against that.",
+        "",
+        f"- reliability (share of the across-type variance of the preference that is between towers, not between "
+        f"replicas): {_number(summary['reliability'])}, 95% CI {_number(low)} to {_number(high)}; with one probe "
+        f"per tower it would be {_number(summary['reliability_single_probe'])}",
+        f"- significant beyond probe noise (replica-level test, Benjamini-Hochberg at alpha = {summary['alpha']}): "
+        f"{summary['num_significant']} of {summary['num_eligible_types']} eligible types "
+        f"({_number(summary['significant_share'])})",
+        f"- two-tower difference {_number(summary['two_tower_difference_nats'])} nats against a same-tower floor of "
+        f"{_number(summary['same_tower_floor_nats'])} nats (mean absolute difference per type between probes of "
+        "two towers, and between probes of one tower)",
+        "",
+        _replica_verdict(summary),
+        "",
+        f"![same-tower floor against two-tower difference]({REPLICA_PLOTS['preference_vs_floor']})",
+        "",
+    ]
+
+
 def render_markdown(report, table):
-    """report.md: model and data, perplexities, the summary, the plots and each tower's top tokens."""
+    """report.md: model and data, perplexities, the summary, the plots and each tower's top tokens.
+
+    With probe replicas, a "Tower or probe?" section follows the perplexities, and the occurrence-level figures,
+    which do not account for probe noise, get a section of their own.
+    """
     summary, perplexity = report["summary"], report["perplexity"]
     num_towers = summary["num_towers"]
+    is_replica = summary.get("test") == "replica"
     tokens = dict(zip(table["token_id"], table["token"]))
     counts = dict(zip(table["token_id"], table["count"]))
     p_values = dict(zip(table["token_id"], table["p_value"]))
-
-    def number(value, digits=3):
-        return "n/a" if value is None else f"{value:.{digits}f}"
+    prefix = "occurrence_" if is_replica else ""
+    significance_line = (
+        f"- significant after Benjamini-Hochberg at alpha = {summary['alpha']}: "
+        f"{summary[prefix + 'num_significant']} types ({_number(summary[prefix + 'significant_share'])} of eligible)"
+    )
+    consistency_line = (
+        f"- split-half consistency (correlation of the preference on interleaved halves of each type's "
+        f"occurrences): {_number(summary['split_half_consistency'])}"
+    )
+    occurrence_lines = [significance_line, consistency_line]
 
     lines = [
         "# Tower preference report",
@@ -221,11 +353,9 @@ def render_markdown(report, table):
         *_objective_lines(report),
         "## Perplexity",
         "",
-        "| model | perplexity |",
-        "|---|---|",
-        f"| joint model | {number(perplexity['joint'], 2)} |",
-        *[f"| probe of tower {t} | {number(value, 2)} |" for t, value in enumerate(perplexity["probes"])],
+        *_perplexity_lines(perplexity),
         "",
+        *(_replica_lines(summary) if is_replica else []),
         "## Preference",
         "",
         f"The preference of a token type is {_preference_description(num_towers)}, in nats, over its occurrences. "
@@ -234,20 +364,17 @@ def render_markdown(report, table):
         "",
         _offset_line(summary),
         "",
-        "| tower | share of token types | share of occurrences | significant types |",
+        f"| tower | share of token types | share of occurrences | significant types{BEYOND_NOISE[is_replica]} |",
         "|---|---|---|---|",
         *[
-            f"| {t} | {number(summary['type_share_preferring'][t])} "
-            f"| {number(summary['occurrence_share_preferring'][t])} | {summary['num_significant_preferring'][t]} |"
+            f"| {t} | {_number(summary['type_share_preferring'][t])} "
+            f"| {_number(summary['occurrence_share_preferring'][t])} | {summary['num_significant_preferring'][t]} |"
             for t in range(num_towers)
         ],
         "",
-        f"- mean absolute preference: {number(summary['mean_abs_preference_nats'])} nats",
-        f"- significant after Benjamini-Hochberg at alpha = {summary['alpha']}: {summary['num_significant']} "
-        f"types ({number(summary['significant_share'])} of eligible)",
-        f"- split-half consistency (correlation of the preference on interleaved halves of each type's "
-        f"occurrences): {number(summary['split_half_consistency'])}",
-        f"- Sarle's bimodality coefficient: {number(summary['bimodality_coefficient'])} "
+        f"- mean absolute preference: {_number(summary['mean_abs_preference_nats'])} nats",
+        *([] if is_replica else occurrence_lines),
+        f"- Sarle's bimodality coefficient: {_number(summary['bimodality_coefficient'])} "
         "(above 0.556 suggests two modes)",
         "",
         f"![mean log-prob per token type]({PLOTS['logprob_scatter']})",
@@ -257,11 +384,21 @@ def render_markdown(report, table):
         f"![preference vs frequency]({PLOTS['preference_vs_frequency']})",
         "",
     ]
+    if is_replica:
+        lines += [
+            "## Occurrence-level statistics (they do not account for probe noise)",
+            "",
+            "Tested over the occurrences of each type, on each tower's mean over its replicas: a probe's own "
+            "per-type error passes for a preference here.",
+            "",
+            *occurrence_lines,
+            "",
+        ]
     for tower_idx, (token_ids, preferences) in enumerate(zip(summary["top_token_ids"], summary["top_preference_nats"])):
         lines += [
             f"## Top tokens of tower {tower_idx}",
             "",
-            "| token | id | count | preference (nats) | p-value |",
+            f"| token | id | count | preference (nats) | p-value{BEYOND_NOISE[is_replica]} |",
             "|---|---|---|---|---|",
             *[
                 f"| {_markdown_token(tokens[token_id])} | {token_id} | {counts[token_id]} | {preference:.3f} "
@@ -284,6 +421,8 @@ def write_report(output_dir, report, result, tokens):
     plot_logprob_scatter(table, output_dir / PLOTS["logprob_scatter"])
     plot_preference_histogram(table, output_dir / PLOTS["preference_histogram"])
     plot_preference_vs_frequency(table, output_dir / PLOTS["preference_vs_frequency"])
+    if result.summary.get("test") == "replica":
+        plot_preference_vs_floor(table, output_dir / REPLICA_PLOTS["preference_vs_floor"])
     write_text_atomically(output_dir / REPORT_MD, render_markdown(report, table))
     return output_dir
 

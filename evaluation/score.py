@@ -42,7 +42,7 @@ from twotower.training.phases import MODEL_CLASSES
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
 
 from .report import write_report
-from .tower_preference.preference_stats import PreferenceAccumulator
+from .tower_preference.preference_stats import PreferenceAccumulator, ReplicaPreferenceAccumulator
 
 
 SPLITS = ("validation", "train")
@@ -59,8 +59,11 @@ DATA_FIELDS = (
     "split",
     "block_size",
     "max_blocks",
+    "spread_blocks",
 )
-SETTINGS_FIELDS = ("batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center")
+SETTINGS_FIELDS = (
+    "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas"
+)
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
 
 
@@ -81,6 +84,8 @@ class ScoringArguments:
     split: str = "validation"  # validation | train: which blocks to score
     block_size: int = 128  # tokens per sequence; at most the model's max_position_embeddings
     max_blocks: int | None = None  # score only the first N blocks of the split; None = all
+    spread_blocks: bool = False  # with max_blocks: N blocks evenly spaced over the split instead of the first N
+    # (the first N of a folder of texts would all come from its first file)
     preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
     overwrite_cache: bool = False  # re-tokenize instead of reusing the datasets cache
 
@@ -100,6 +105,8 @@ class ScoringArguments:
     top_k: int = 20  # top tokens listed per tower
     center: bool = False  # subtract the global offset (one tower better overall) before testing each type; see
     # global_offset_nats in the summary and the tower_preference metric card
+    pair_replicas: bool = True  # probe replicas: replica r of every tower was trained on the same data order
+    # (the probe phase does this), so the test pairs them; False compares independent replica means
 
     def __post_init__(self):
         if self.split not in SPLITS:
@@ -136,11 +143,24 @@ def load_model(model_dir, dtype):
 
 
 def load_blocks(args, tokenizer):
-    """The blocks of `args.split`, built exactly as the training command builds them."""
+    """The blocks of `args.split`, built exactly as the training command builds them, capped by max_blocks."""
     if args.split == "validation" and args.validation_file is not None:
-        return _validation_file_blocks(args, tokenizer)
-    raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file)
-    lm_datasets = tokenize_and_group(
+        blocks = _validation_file_blocks(args, tokenizer)
+    else:
+        raw_datasets = load_raw_datasets(
+            args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file
+        )
+        lm_datasets = _tokenized_blocks(raw_datasets, args, tokenizer)
+        blocks = split_blocks(lm_datasets, args.block_size, args.validation_split_percentage)[args.split]
+    if args.max_blocks is None or len(blocks) <= args.max_blocks:
+        return blocks
+    if args.spread_blocks:
+        return blocks.select(np.linspace(0, len(blocks) - 1, args.max_blocks).round().astype(int).tolist())
+    return blocks.select(range(args.max_blocks))
+
+
+def _tokenized_blocks(raw_datasets, args, tokenizer):
+    return tokenize_and_group(
         raw_datasets,
         tokenizer,
         args.block_size,
@@ -148,30 +168,19 @@ def load_blocks(args, tokenizer):
         args.preprocessing_num_workers,
         args.overwrite_cache,
     )
-    caps = {"max_train_blocks": None, "max_eval_blocks": None}
-    caps["max_eval_blocks" if args.split == "validation" else "max_train_blocks"] = args.max_blocks
-    lm_datasets = split_blocks(lm_datasets, args.block_size, args.validation_split_percentage, **caps)
-    return lm_datasets[args.split]
 
 
 def _validation_file_blocks(args, tokenizer):
     """The blocks of a local validation text: they depend on that text alone, so the training text is not read."""
     # load_raw_datasets names the split of a lone local text "train"
     raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, train_file=args.validation_file)
-    blocks = tokenize_and_group(
-        raw_datasets,
-        tokenizer,
-        args.block_size,
-        args.text_column_name,
-        args.preprocessing_num_workers,
-        args.overwrite_cache,
-    )["train"]
+    blocks = _tokenized_blocks(raw_datasets, args, tokenizer)["train"]
     if len(blocks) == 0:
         raise ValueError(
             f"--validation_file {args.validation_file!r} gives no block of block_size={args.block_size} tokens; "
             "give more text or a smaller --block_size."
         )
-    return blocks.select(range(min(args.max_blocks, len(blocks)))) if args.max_blocks else blocks
+    return blocks
 
 
 def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id):
@@ -211,7 +220,8 @@ def stream_gold_logprobs(
     Run the probes of every model (probe sets on one frozen model: the towers of the first run once for all)
     and the joint model of the first over every batch of blocks, in the scoring passes of the objective.
 
-    Yields per pass (gold token ids [n], gold log-probs [models, towers, n] float32, joint NLL sum of models[0]).
+    Yields per pass (gold token ids [n], gold log-probs [models, probes, n] float32 with every replica of every
+    tower, tower-major as in `TwoTowerProbes`, joint NLL sum of models[0]).
     """
     device = next(models[0].parameters()).device
     config = models[0].config
@@ -224,7 +234,9 @@ def stream_gold_logprobs(
             features = models[0].probe_features(inputs)  # the towers run once for every probe set and the joint model
             gold = torch.stack(
                 [
-                    model.probe_logprobs(inputs, labels=labels, chunk_size=probe_chunk_size, features=features)
+                    model.probe_logprobs(
+                        inputs, labels=labels, chunk_size=probe_chunk_size, features=features, all_replicas=True
+                    ).flatten(0, 1)
                     for model in models
                 ]
             )
@@ -235,18 +247,35 @@ def stream_gold_logprobs(
             yield targets[scored].cpu().numpy(), gold[:, :, scored].cpu().numpy(), joint_nll
 
 
+def preference_accumulator(config, pair_replicas=True):
+    """
+    The accumulator of a model's probes: with one probe per tower the occurrence-level statistics; with replicas
+    the replica-level ones, pairing replica r of every tower (trained on one data order) unless told not to.
+    """
+    if config.probe_replicas == 1:
+        return PreferenceAccumulator(num_towers=config.num_towers, vocab_size=config.vocab_size)
+    probe_towers = np.repeat(np.arange(config.num_towers), config.probe_replicas).tolist()
+    probe_runs = np.tile(np.arange(config.probe_replicas), config.num_towers).tolist() if pair_replicas else None
+    return ReplicaPreferenceAccumulator(probe_towers, probe_runs, vocab_size=config.vocab_size)
+
+
 def score_blocks(
-    model, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES, mask_token_id=None
+    model,
+    dataloader,
+    probe_chunk_size=None,
+    disable_tqdm=False,
+    mask_passes=DEFAULT_MASK_PASSES,
+    mask_token_id=None,
+    pair_replicas=True,
 ):
     """
     Run the probes and the joint model over every batch of blocks, in the scoring passes of the model's objective.
 
-    Returns the PreferenceAccumulator of all predictions and the token-weighted mean negative log-likelihood
-    of the joint model and of each probe ({"joint": float, "probes": [float per tower]}).
+    Returns the accumulator of all predictions (see `preference_accumulator`) and the token-weighted mean negative
+    log-likelihood of the joint model and of each probe ({"joint": float, "probes": [float per probe]}, tower-major).
     """
-    num_towers = model.config.num_towers
-    accumulator = PreferenceAccumulator(num_towers=num_towers, vocab_size=model.config.vocab_size)
-    joint_nll_sum, probe_nll_sums, num_targets = 0.0, np.zeros(num_towers), 0
+    accumulator = preference_accumulator(model.config, pair_replicas)
+    joint_nll_sum, probe_nll_sums, num_targets = 0.0, np.zeros(model.config.num_probes), 0
     for targets, gold, joint_nll in stream_gold_logprobs(
         [model], dataloader, probe_chunk_size, disable_tqdm, mask_passes, mask_token_id
     ):
@@ -256,6 +285,15 @@ def score_blocks(
         accumulator.update(targets, gold[0])
     mean_nll = {"joint": joint_nll_sum / num_targets, "probes": (probe_nll_sums / num_targets).tolist()}
     return accumulator, mean_nll
+
+
+def probe_perplexities(probe_mean_nll, num_towers):
+    """{"probes": [per tower, from its replicas' mean NLL]} plus "probe_replicas" ([per replica] per tower) if any."""
+    per_tower = np.asarray(probe_mean_nll).reshape(num_towers, -1)
+    perplexity = {"probes": [_perplexity(nll) for nll in per_tower.mean(axis=1)]}
+    if per_tower.shape[1] > 1:
+        perplexity["probe_replicas"] = [[_perplexity(nll) for nll in replicas] for replicas in per_tower]
+    return perplexity
 
 
 def _perplexity(mean_nll):
@@ -301,7 +339,13 @@ def score_model(model_dir, output_dir, **options):
     blocks = load_blocks(args, tokenizer)
     dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate_blocks)
     accumulator, mean_nll = score_blocks(
-        model, dataloader, args.probe_chunk_size, args.disable_tqdm, args.mask_passes, tokenizer.mask_token_id
+        model,
+        dataloader,
+        args.probe_chunk_size,
+        args.disable_tqdm,
+        args.mask_passes,
+        tokenizer.mask_token_id,
+        args.pair_replicas,
     )
     result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
 
@@ -313,6 +357,8 @@ def score_model(model_dir, output_dir, **options):
             "tower_type": tower_type,
             "cooperative": model.config.cooperative,
             "num_towers": model.config.num_towers,
+            "probe_replicas": model.config.probe_replicas,
+            "probe_type": model.config.probe_type,
             "hidden_size": model.config.hidden_size,
             "num_hidden_layers": model.config.num_hidden_layers,
             "vocab_size": model.config.vocab_size,
@@ -327,29 +373,46 @@ def score_model(model_dir, output_dir, **options):
         "settings": {field: getattr(args, field) for field in SETTINGS_FIELDS}
         | {"objective": objective, "masking": masking_description(objective, tower_type, args.mask_passes)}
         | {"device": device.type},
-        "perplexity": {
-            "joint": _perplexity(mean_nll["joint"]),
-            "probes": [_perplexity(nll) for nll in mean_nll["probes"]],
-        },
+        "perplexity": {"joint": _perplexity(mean_nll["joint"])}
+        | probe_perplexities(mean_nll["probes"], model.config.num_towers),
     }
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     write_report(args.output_dir, report, result, tokens)
     return {**report, "summary": result.summary}
 
 
+def summary_line(report, centered=False):
+    """What a scoring run found, in one line: with probe replicas, led by the replica-level figures."""
+    summary = report["summary"]
+    line = (
+        f"joint perplexity {report['perplexity']['joint']:.2f}, probe perplexities "
+        f"{', '.join(f'{value:.2f}' for value in report['perplexity']['probes'])}; global offset "
+        f"{', '.join(f'{value:+.3f}' for value in summary['global_offset_nats'])} nats; "
+    )
+    if summary.get("test") == "replica":
+        low, high = summary["reliability_ci"]
+        return line + (
+            f"reliability {_number(summary['reliability'])} (95% CI {_number(low)} to {_number(high)}); "
+            f"{summary['num_significant']} of {summary['num_eligible_types']} eligible token types prefer one tower "
+            f"beyond probe noise{' once centered on it' if centered else ''}; two-tower difference "
+            f"{_number(summary['two_tower_difference_nats'])} nats against a same-tower floor of "
+            f"{_number(summary['same_tower_floor_nats'])} nats."
+        )
+    return line + (
+        f"{summary['num_significant']} of {summary['num_eligible_types']} eligible token types prefer one tower "
+        f"significantly over occurrences{' once centered on it' if centered else ''} (one probe per tower: "
+        f"probe noise is not accounted for); split-half consistency {_number(summary['split_half_consistency'])}."
+    )
+
+
+def _number(value):
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def main(argv=None):
     (args,) = HfArgumentParser(ScoringArguments).parse_args_into_dataclasses(args=argv, look_for_args_file=False)
     report = score_model(**dataclasses.asdict(args))
-    summary = report["summary"]
-    consistency = summary["split_half_consistency"]
-    print(
-        f"Wrote {args.output_dir}: joint perplexity {report['perplexity']['joint']:.2f}, probe perplexities "
-        f"{', '.join(f'{value:.2f}' for value in report['perplexity']['probes'])}; global offset "
-        f"{', '.join(f'{value:+.3f}' for value in summary['global_offset_nats'])} nats; "
-        f"{summary['num_significant']} of {summary['num_eligible_types']} eligible token types prefer one tower "
-        f"significantly{' once centered on it' if args.center else ''}; split-half consistency "
-        f"{'n/a' if consistency is None else f'{consistency:.3f}'}."
-    )
+    print(f"Wrote {args.output_dir}: {summary_line(report, args.center)}")
     return report
 
 

@@ -1,26 +1,24 @@
 """
 The tower preference study in one command: for every run of a grid (model family x tower count x seed), pretrain,
-train two probe sets on the frozen model (two seeds), score both on every evaluation text, then aggregate the runs
-into a results document (tables, plots) with the same-tower noise floor, cross-seed agreement, the
+train K probe replicas per tower on the frozen model in one probe run, score every evaluation text with the
+scoring command's code (twotower.evaluation.score), then aggregate the runs into a results document (tables,
+plots): replica-level reliability and significance against the same-tower noise floor, cross-seed agreement, the
 independent-towers control and token categories.
 
 Runs resume: a finished run (its run.json exists) is not repeated, and within a run each finished phase (a saved
 model, a written score folder) is reused. So an interrupted study continues where it stopped, and a grid can be
 spread over GPUs or machines with --runs (a regular expression over run names) and aggregated at the end.
 
-The CPU grid (each run at most ~10 minutes on 2 cores), then the document:
+The CPU grid, then the document:
     python -m twotower.evaluation.study --recipe cpu --data_dir ../shared/data --output_dir outputs/study-cpu \
         --report_dir docs/study
 
 Layout of OUTPUT_DIR/runs/RUN (RUN = FAMILY-tTOWERS-sSEED):
-    pretrain/            the training command's output (model/, checkpoints/, train_result.json)
-    probe-sSEED/         probe set A, trained with the run's seed
-    probe-sSEED+OFFSET/  probe set B, the same-tower control: same model, another probe seed
-    scores/EVAL/PAIR/    one report folder (twotower.evaluation.report layout, centered preferences) per pair of
-                         probes: `towers` (A's probes of all towers: the two-tower preference), `towers_replica`
-                         (B's), `towers_across_runs` (tower 0 from A, tower 1 from B), `same_tower_T` (A's and B's
-                         probe of tower T: the noise floor, to compare with towers_across_runs)
-    run.json             the run's summary; written last, it marks the run finished
+    pretrain/       the training command's output (model/, checkpoints/, train_result.json)
+    probe/          the probe run: `probe_replicas` probes per tower, replica r of every tower on one data order
+    scores/TEXT/    the scoring command's report folder (preference.json, preference_per_token.csv, plots,
+                    report.md), centered preferences with the replica-level test
+    run.json        the run's summary (see `text_figures`); written last, it marks the run finished
 """
 
 import argparse
@@ -33,20 +31,41 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 
-from twotower.training.arguments import load_config, read_recipe
+from twotower.training.arguments import load_config, read_recipe, resolve_recipe_path
 from twotower.training.atomic import write_text_atomically
 from twotower.training.checkpointing import FINAL_MODEL_DIR
 from twotower.training.train import training_function
 
+from .report import PER_TOKEN_CSV, PREFERENCE_JSON
+from .score import TRAINING_CONFIG_NAME, ScoringArguments, score_model
 from .study_report import write_study_report
-from .study_scoring import score_run
 
 
 STUDY_RECIPES_DIR = Path(__file__).resolve().parent / "study_recipes"
 RUN_SUMMARY = "run.json"
 TRAIN_RESULT = "train_result.json"
 PHASE_RESULT_FIELDS = ("eval_metrics", "completed_steps", "best_step", "stopped_early")
+MIN_PROBE_REPLICAS = 2  # the replica-level test and the same-tower floor compare replicas of one tower
+SCORING_SET_BY_STUDY = ("model_dir", "output_dir", "validation_file", "max_blocks", "spread_blocks", "center")
+# the summary keys of each text's preference.json that run.json keeps (their meaning: the scoring command's)
+SUMMARY_FIELDS = (
+    "reliability",
+    "reliability_ci",
+    "reliability_single_probe",
+    "num_significant",
+    "significant_share",
+    "occurrence_num_significant",
+    "occurrence_significant_share",
+    "two_tower_difference_nats",
+    "same_tower_floor_nats",
+    "global_offset_nats",
+    "mean_abs_preference_nats",
+    "num_eligible_types",
+    "replicas_per_tower",
+    "paired",
+)
 
 
 @dataclass
@@ -71,8 +90,7 @@ class StudyConfig:
     families: dict[str, ModelFamily]
     grid: list[dict]  # [{family, num_towers: [..], seeds: [..]}]
     pretrain: dict = field(default_factory=dict)  # training options over every family's pretrain recipe
-    probe: dict = field(default_factory=dict)  # training options over every probe recipe
-    probe_seed_offset: int = 1000  # probe set B trains with seed + offset
+    probe: dict = field(default_factory=dict)  # training options over every probe recipe; must set probe_replicas
     scoring: dict = field(default_factory=dict)  # ScoringArguments fields (batch_size, min_count, alpha, ...)
 
     def __post_init__(self):
@@ -92,8 +110,27 @@ class StudyConfig:
         for name, family in self.families.items():
             if family.control_of is not None and family.control_of not in self.families:
                 raise ValueError(f"Family {name!r} is the control of {family.control_of!r}, which is not defined.")
-        if self.probe_seed_offset == 0:
-            raise ValueError("`probe_seed_offset` is 0: probe set B would repeat probe set A; use e.g. 1000.")
+        replicas = self.probe.get("probe_replicas")
+        if not isinstance(replicas, int) or replicas < MIN_PROBE_REPLICAS:
+            raise ValueError(
+                f"The study recipe's `probe` options set probe_replicas={replicas!r}; set it to an integer >= "
+                f"{MIN_PROBE_REPLICAS} (e.g. `probe: {{probe_replicas: 4}}`): the replica-level test and the "
+                "same-tower noise floor compare probes of one tower."
+            )
+        self._check_scoring_options()
+
+    def _check_scoring_options(self):
+        """Scoring runs after hours of training: a bad option must fail now, not then."""
+        known = {option.name for option in dataclasses.fields(ScoringArguments)}
+        unknown = sorted(set(self.scoring) - known)
+        if unknown:
+            raise ValueError(f"The study recipe's `scoring` sets unknown options {unknown}; see ScoringArguments.")
+        fixed = sorted(set(self.scoring) & set(SCORING_SET_BY_STUDY))
+        if fixed:
+            raise ValueError(
+                f"The study recipe's `scoring` sets {fixed}, which the study sets itself (the probe model, the score "
+                "folder, each text and its max_blocks spread over the text, centered preferences); drop them."
+            )
 
     def runs(self) -> list["StudyRun"]:
         return [
@@ -117,7 +154,14 @@ class StudyRun:
 
 def load_study_config(recipe: str) -> StudyConfig:
     """A study recipe name (evaluation/study_recipes) or a YAML path -> StudyConfig."""
-    return StudyConfig(**read_recipe(recipe, StudyConfig, STUDY_RECIPES_DIR))
+    path = resolve_recipe_path(recipe, STUDY_RECIPES_DIR)
+    if "probe_seed_offset" in (yaml.safe_load(path.read_text()) or {}):
+        raise ValueError(
+            f"{path} sets `probe_seed_offset`, which the study no longer has: instead of a second probe set trained "
+            "with another seed, each run trains one probe run with several probe replicas per tower, and the noise "
+            "floor compares replicas of one tower. Delete `probe_seed_offset` and set `probe: {probe_replicas: 4}`."
+        )
+    return StudyConfig(**read_recipe(str(path), StudyConfig, STUDY_RECIPES_DIR))
 
 
 def data_path(data_dir: Path, relative: str) -> str:
@@ -140,8 +184,47 @@ def train_phase(recipe: str, output_dir: Path, options: dict) -> dict:
     return kept
 
 
+def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_blocks, scoring: dict) -> tuple:
+    """
+    The scoring command's report of one text (centered, max_blocks spread over the text), unless score_dir already
+    holds it; returns the report and the seconds scoring took (None for a reused folder).
+    """
+    if (score_dir / PREFERENCE_JSON).is_file() and (score_dir / PER_TOKEN_CSV).is_file():
+        return json.loads((score_dir / PREFERENCE_JSON).read_text()), None
+    training_config = yaml.safe_load((probe_model_dir / TRAINING_CONFIG_NAME).read_text())
+    options = {"block_size": training_config["block_size"], "disable_tqdm": True, **scoring}
+    start = time.perf_counter()
+    report = score_model(
+        probe_model_dir,
+        score_dir,
+        validation_file=text_path,
+        max_blocks=max_blocks,
+        spread_blocks=True,
+        center=True,
+        **options,
+    )
+    return report, time.perf_counter() - start
+
+
+def text_figures(report: dict, seconds: float | None) -> dict:
+    """What run.json keeps of one text's report: the replica-level figures, perplexities and the scoring time."""
+    summary = report["summary"]
+    if summary.get("test") != "replica":
+        raise ValueError(
+            f"{report['model']['path']} has {report['model'].get('probe_replicas', 1)} probe per tower, so its "
+            "report has no replica-level test; the probe run must train `probe_replicas` >= 2 probes per tower."
+        )
+    return {
+        **{key: summary[key] for key in SUMMARY_FIELDS},
+        "perplexity": report["perplexity"],  # joint, probes (per tower), probe_replicas (per replica per tower)
+        "num_blocks": report["data"]["num_blocks"],
+        "num_predictions": report["data"]["num_predictions"],
+        "seconds": seconds,
+    }
+
+
 def run_one(study: StudyConfig, run: StudyRun, data_dir: Path, run_dir: Path) -> dict:
-    """Pretrain, probe twice, score every evaluation text; returns (and writes) the run's summary."""
+    """Pretrain, train the probe replicas, score every evaluation text; returns (and writes) the run's summary."""
     family = study.families[run.family]
     data = {
         "train_file": data_path(data_dir, study.train_file),
@@ -154,25 +237,39 @@ def run_one(study: StudyConfig, run: StudyRun, data_dir: Path, run_dir: Path) ->
         {**study.pretrain, **family.overrides, **data, **quiet, "seed": run.seed, "num_towers": run.num_towers},
     )
     pretrained_model = str(run_dir / "pretrain" / FINAL_MODEL_DIR)
-    probe_dirs, probes = [], []
-    for probe_seed in (run.seed, run.seed + study.probe_seed_offset):
-        probe_dir = run_dir / f"probe-s{probe_seed}"
-        options = {**study.probe, **data, **quiet, "seed": probe_seed, "pretrained_model": pretrained_model}
-        probes.append(train_phase(family.probe_recipe, probe_dir, options))
-        probe_dirs.append(probe_dir / FINAL_MODEL_DIR)
-
+    probe = train_phase(
+        family.probe_recipe,
+        run_dir / "probe",
+        {**study.probe, **data, **quiet, "seed": run.seed, "pretrained_model": pretrained_model},
+    )
     scores = {}
     for name, text in study.eval_texts.items():
-        scores[name] = score_run(
-            probe_dirs, run_dir / "scores" / name, data_path(data_dir, text.file), text.max_blocks, study.scoring
+        report, seconds = score_text(
+            run_dir / "probe" / FINAL_MODEL_DIR,
+            run_dir / "scores" / name,
+            data_path(data_dir, text.file),
+            text.max_blocks,
+            study.scoring,
         )
+        scores[name] = text_figures(report, seconds)
     summary = {
         "run": dataclasses.asdict(run) | {"name": run.name, "control_of": family.control_of},
         "pretrain": pretrain,
-        "probes": probes,
+        "probe": probe,
         "scores": scores,
     }
     write_text_atomically(run_dir / RUN_SUMMARY, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    return summary
+
+
+def load_run_summary(path: Path) -> dict:
+    """A finished run's run.json; a clear error for one written before probe replicas (two probe sets)."""
+    summary = json.loads(path.read_text())
+    if "probe" not in summary:
+        raise ValueError(
+            f"{path} was written by the study's earlier design (two probe sets, no probe replicas), which this "
+            "report cannot read; pass a new --output_dir, or delete that run's folder to rerun it."
+        )
     return summary
 
 
@@ -195,7 +292,7 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
             print(f"[{index}/{len(selected)}] {run.name}: running in {run_dir}", flush=True)
             run_one(study, run, data_dir, run_dir)
     summaries = [
-        json.loads((output_dir / "runs" / run.name / RUN_SUMMARY).read_text())
+        load_run_summary(output_dir / "runs" / run.name / RUN_SUMMARY)
         for run in study.runs()
         if (output_dir / "runs" / run.name / RUN_SUMMARY).is_file()
     ]

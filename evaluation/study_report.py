@@ -1,12 +1,14 @@
 """
-The results document of a tower preference study: per-run tables against the same-tower noise floor, agreement
-across seeds, the independent-towers control, token categories, plots, and plain verdicts.
+The results document of a tower preference study: per-run tables of the replica-level figures against the
+same-tower noise floor, agreement across pretraining seeds, the independent-towers control, token categories, plots,
+and plain verdicts.
 
 Layout of the report folder:
     STUDY.md                the document (commands, machine, tables, plots, verdicts)
     study.json              every number of the tables
-    noise_floor.png         preference size, significance, consistency: two towers vs the same tower twice
-    cross_seed.png          matched correlation of per-token preferences between seeds, two towers vs floor
+    noise_floor.png         per run and text: two-tower difference vs the same-tower floor, replica-level vs
+                            occurrence-level significance, reliability with its 95% interval
+    cross_seed.png          matched correlation of per-type preferences between seeds, with its ceiling
     categories_FAMILY-tN_TEXT.png  which token categories each tower prefers (first seed)
 """
 
@@ -17,6 +19,7 @@ import platform
 from datetime import date
 
 import numpy as np
+import pandas as pd
 import torch
 from matplotlib import pyplot as plt
 from scipy import stats
@@ -31,33 +34,32 @@ from .tower_preference.preference_stats import compare_preferences
 RECURRENCE_ALPHA = 0.01  # every seed pair's correlation must be this significant for a split to "recur"
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
-TOWERS, ACROSS_RUNS = "towers", "towers_across_runs"
-FLOOR_KEYS = ("significant_share", "split_half_consistency", "mean_abs_preference_nats")
 
 
 def _fmt(value, digits=3):
     return "n/a" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _mean(values):
-    values = [value for value in values if value is not None]
-    return float(np.mean(values)) if values else None
+def _percent(share):
+    return "n/a" if share is None or np.isnan(share) else f"{100 * share:.1f}%"
 
 
-def _floor_names(num_towers):
-    return [f"same_tower_{tower}" for tower in range(num_towers)]
+def _difference(value, reference):
+    return None if value is None or reference is None else value - reference
+
+
+def score_dir(runs_dir, run_name, text):
+    """The report folder the scoring command wrote for one run and text."""
+    return runs_dir / run_name / "scores" / text
 
 
 def run_rows(summaries):
-    """One row per (run, evaluation text): the two-tower preference next to its same-tower noise floor."""
+    """One row per (run, evaluation text): the replica-level figures of its run.json."""
     rows = []
     for summary in summaries:
         run = summary["run"]
         for text, scores in summary["scores"].items():
-            pairs = scores["pairs"]
-            same_run, across = pairs[TOWERS]["centered"], pairs[ACROSS_RUNS]["centered"]
-            floors = [pairs[name]["centered"] for name in _floor_names(run["num_towers"])]
-            floor = {key: _mean([f[key] for f in floors]) for key in FLOOR_KEYS}
+            low, high = scores["reliability_ci"]
             rows.append(
                 {
                     "run": run["name"],
@@ -65,34 +67,28 @@ def run_rows(summaries):
                     "num_towers": run["num_towers"],
                     "seed": run["seed"],
                     "text": text,
+                    "probe_replicas": max(scores["replicas_per_tower"]),
                     "joint_perplexity": scores["perplexity"]["joint"],
-                    "probe_perplexity": scores["perplexity"]["probe_sets"][0],
-                    "probe_best_steps": [_probe_steps(probe) for probe in summary["probes"]],
-                    "global_offset_nats": pairs[TOWERS]["raw"]["global_offset_nats"][0],
-                    "significant_share_raw": pairs[TOWERS]["raw"]["significant_share"],
-                    "significant_share_same_run": same_run["significant_share"],
-                    "significant_share": across["significant_share"],
-                    "floor_significant_share": floor["significant_share"],
-                    "excess_significant_share": _difference(across["significant_share"], floor["significant_share"]),
-                    "split_half_consistency": across["split_half_consistency"],
-                    "floor_split_half_consistency": floor["split_half_consistency"],
-                    "mean_abs_preference_nats": across["mean_abs_preference_nats"],
-                    "floor_mean_abs_preference_nats": floor["mean_abs_preference_nats"],
-                    "replica_correlation": scores["replica_correlation"],
-                    "replica_p_value": correlation_p_value(scores["replica_correlation"], scores["replica_num_types"]),
-                    "num_eligible_types": same_run["num_eligible_types"],
+                    "probe_perplexity": scores["perplexity"]["probes"],
+                    "probe_replica_perplexity": scores["perplexity"]["probe_replicas"],
+                    "probe_stop_step": _probe_steps(summary["probe"]),
+                    "global_offset_nats": scores["global_offset_nats"][0],
+                    "reliability": scores["reliability"],
+                    "reliability_ci_low": low,
+                    "reliability_ci_high": high,
+                    "reliability_single_probe": scores["reliability_single_probe"],
+                    "significant_share": scores["significant_share"],
+                    "occurrence_significant_share": scores["occurrence_significant_share"],
+                    "two_tower_difference_nats": scores["two_tower_difference_nats"],
+                    "same_tower_floor_nats": scores["same_tower_floor_nats"],
+                    "excess_difference_nats": _difference(
+                        scores["two_tower_difference_nats"], scores["same_tower_floor_nats"]
+                    ),
+                    "num_eligible_types": scores["num_eligible_types"],
                     "run_minutes": run_minutes(summary),
                 }
             )
     return rows
-
-
-def _p_text(p_value):
-    return "< 1e-300" if p_value == 0 else f"{p_value:.1g}"  # float64 underflows below ~1e-308
-
-
-def _difference(value, reference):
-    return None if value is None or reference is None else value - reference
 
 
 def _probe_steps(probe):
@@ -104,9 +100,11 @@ def _probe_steps(probe):
 
 
 def run_minutes(summary):
-    """Wall-clock minutes of the whole run (pretraining, both probe sets, scoring every text)."""
-    phases = [summary["pretrain"], *summary["probes"], *summary["scores"].values()]
-    return sum(phase["seconds"] for phase in phases) / 60
+    """Wall-clock minutes of the whole run (pretraining, the probe run, scoring every text); None when a score
+    folder was reused from an interrupted run, whose scoring time is not known."""
+    phases = [summary["pretrain"], summary["probe"], *summary["scores"].values()]
+    seconds = [phase["seconds"] for phase in phases]
+    return None if None in seconds else sum(seconds) / 60
 
 
 def correlation_p_value(correlation, num_types):
@@ -119,44 +117,46 @@ def correlation_p_value(correlation, num_types):
     return float(2 * stats.t.sf(t_statistic, degrees))
 
 
-def cross_seed_rows(summaries, runs_dir):
-    """Per (family, towers, text): matched correlation of per-token preferences between every two seeds."""
+def correlation_ceiling(reliability_a, reliability_b):
+    """The correlation two runs' per-type preferences would show if their towers split the types identically:
+    probe noise independent between runs attenuates it to sqrt(reliability_a * reliability_b)."""
+    if reliability_a is None or reliability_b is None:
+        return None
+    return float(np.sqrt(max(reliability_a, 0.0) * max(reliability_b, 0.0)))
+
+
+def cross_seed_rows(rows, runs_dir):
+    """Per (family, towers, text): matched correlation of the replica-mean per-type preferences between seeds."""
     groups = {}
-    for summary in summaries:
-        run = summary["run"]
-        for text in summary["scores"]:
-            groups.setdefault((run["family"], run["num_towers"], text), []).append(run["name"])
-    rows = []
-    for (family, num_towers, text), names in groups.items():
-        if len(names) < 2:
+    for row in rows:
+        groups.setdefault((row["family"], row["num_towers"], row["text"]), []).append(row)
+    results = []
+    for (family, num_towers, text), group in groups.items():
+        if len(group) < 2:
             continue
-        towers, floors, p_values = [], [], []
-        for first, second in itertools.combinations(names, 2):
-            comparisons = {}
-            for pair in (TOWERS, "same_tower_0"):
-                _, table_a = load_report(runs_dir / first / "scores" / text / pair)
-                _, table_b = load_report(runs_dir / second / "scores" / text / pair)
-                (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (table_a, table_b))
-                comparisons[pair] = compare_preferences(ids_a, preference_a, ids_b, preference_b)
-            towers.append(comparisons[TOWERS]["correlation"])
-            floors.append(comparisons["same_tower_0"]["correlation"])
-            p_values.append(correlation_p_value(towers[-1], comparisons[TOWERS]["num_shared_types"]))
-        correlation, floor_correlation = float(np.mean(towers)), float(np.mean(floors))
-        rows.append(
+        correlations, p_values, ceilings = [], [], []
+        for first, second in itertools.combinations(group, 2):
+            tables = [load_report(score_dir(runs_dir, row["run"], text))[1] for row in (first, second)]
+            (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, tables)
+            comparison = compare_preferences(ids_a, preference_a, ids_b, preference_b)
+            correlations.append(comparison["correlation"])
+            p_values.append(correlation_p_value(comparison["correlation"], comparison["num_shared_types"]))
+            ceilings.append(correlation_ceiling(first["reliability"], second["reliability"]))
+        results.append(
             {
                 "family": family,
                 "num_towers": num_towers,
                 "text": text,
-                "num_seeds": len(names),
-                "correlation": correlation,
-                "correlations": towers,
+                "num_seeds": len(group),
+                "correlation": float(np.mean(correlations)),
+                "correlations": correlations,
                 "p_values": p_values,
-                "floor_correlation": floor_correlation,
-                "floor_correlations": floors,
-                "recurs": max(p_values) < RECURRENCE_ALPHA and correlation > floor_correlation,
+                "ceiling": None if None in ceilings else float(np.mean(ceilings)),
+                "ceilings": ceilings,
+                "recurs": max(p_values) < RECURRENCE_ALPHA,
             }
         )
-    return rows
+    return results
 
 
 def category_rows(summaries, runs_dir, text):
@@ -168,10 +168,10 @@ def category_rows(summaries, runs_dir, text):
             by_family.setdefault((run["family"], run["num_towers"]), []).append(run["name"])
     results = {}
     for (family, num_towers), names in by_family.items():
-        _, reference = load_report(runs_dir / names[0] / "scores" / text / TOWERS)
+        _, reference = load_report(score_dir(runs_dir, names[0], text))
         per_seed = {}
         for name in names:
-            _, table = load_report(runs_dir / name / "scores" / text / TOWERS)
+            _, table = load_report(score_dir(runs_dir, name, text))
             (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (reference, table))
             mapping = compare_preferences(ids_a, preference_a, ids_b, preference_b)["tower_mapping"]
             labels = categorize(table)
@@ -183,23 +183,31 @@ def category_rows(summaries, runs_dir, text):
     return results
 
 
-def plot_noise_floor(rows, path):
-    """Per run and text: the two-tower preference across probe runs next to the same-tower noise floor."""
-    figure, axes = plt.subplots(1, 3, figsize=(14, 0.4 * len(rows) + 1.5), sharey=True)
-    labels = [f"{row['run']} / {row['text']}" for row in rows]
-    positions = np.arange(len(rows))
+def plot_noise_floor(frame, path):
+    """Per run and text: two towers against the same-tower floor, the two tests, and the reliability."""
+    figure, axes = plt.subplots(1, 3, figsize=(14, 0.4 * len(frame) + 1.5), sharey=True)
+    positions = np.arange(len(frame))
     panels = (
-        ("mean_abs_preference_nats", "floor_mean_abs_preference_nats", "mean absolute preference (nats)"),
-        ("significant_share", "floor_significant_share", "share of token types significant"),
-        ("split_half_consistency", "floor_split_half_consistency", "split-half consistency"),
+        ("two_tower_difference_nats", "two towers", "same_tower_floor_nats", "same tower (floor)"),
+        ("significant_share", "replica-level test", "occurrence_significant_share", "occurrence-level test"),
     )
-    for axis, (key, floor_key, title) in zip(axes, panels):
-        axis.barh(positions - 0.2, [row[key] or 0 for row in rows], height=0.4, label="two towers, across runs")
-        axis.barh(positions + 0.2, [row[floor_key] or 0 for row in rows], height=0.4, label="same tower (floor)")
+    titles = ("mean |difference| between probes (nats)", "share of eligible token types significant")
+    for axis, (key, label, other_key, other_label), title in zip(axes, panels, titles):
+        axis.barh(positions - 0.2, frame[key].fillna(0), height=0.4, label=label)
+        axis.barh(positions + 0.2, frame[other_key].fillna(0), height=0.4, label=other_label)
         axis.set_title(title, fontsize=10)
-    axes[0].set_yticks(positions, labels, fontsize=8)
+        axis.legend(fontsize=8, loc="lower right")
+    low, high = frame[["reliability_ci_low", "reliability_ci_high"]].to_numpy(dtype=float).T
+    axes[2].hlines(positions, low, high, color="C0", label="95% interval")
+    axes[2].scatter(frame["reliability"].to_numpy(dtype=float), positions, color="C0", label="reliability")
+    axes[2].scatter(
+        frame["reliability_single_probe"].to_numpy(dtype=float), positions, color="C1", marker="x", label="one probe"
+    )
+    axes[2].axvline(0, color="gray", linewidth=0.8)
+    axes[2].set_title("reliability", fontsize=10)
+    axes[2].legend(fontsize=8, loc="best")
+    axes[0].set_yticks(positions, [f"{row.run} / {row.text}" for row in frame.itertuples()], fontsize=8)
     axes[0].invert_yaxis()
-    axes[0].legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     save_figure(figure, path)
 
@@ -207,71 +215,128 @@ def plot_noise_floor(rows, path):
 def plot_cross_seed(rows, path):
     figure, axis = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
     for index, row in enumerate(rows):
-        axis.scatter(row["correlations"], [index + 0.1] * len(row["correlations"]), color="C0")
-        axis.scatter(row["floor_correlations"], [index - 0.1] * len(row["floor_correlations"]), color="C1")
-    axis.scatter([], [], color="C0", label="two towers")
-    axis.scatter([], [], color="C1", label="same tower (noise floor)")
+        axis.scatter(row["correlations"], [index] * len(row["correlations"]), color="C0")
+        if row["ceiling"] is not None:
+            axis.scatter(row["ceilings"], [index] * len(row["ceilings"]), color="C1", marker="|", s=200)
+    axis.scatter([], [], color="C0", label="seed pair")
+    axis.scatter([], [], color="C1", marker="|", s=200, label="ceiling: identical splits seen through probe noise")
     axis.set_yticks(range(len(rows)), [f"{r['family']} t{r['num_towers']} / {r['text']}" for r in rows], fontsize=8)
     axis.axvline(0, color="gray", linewidth=0.8)
-    axis.set_xlabel("matched correlation of per-token preferences between two seeds")
+    axis.set_xlabel("matched correlation of per-type preferences between two seeds")
     axis.legend(fontsize=8)
     axis.invert_yaxis()
     figure.tight_layout()
     save_figure(figure, path)
 
 
-def _table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+def markdown_table(frame):
+    """A DataFrame as Markdown table lines (cells as str; no tabulate dependency)."""
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in frame.itertuples(index=False)]
     return lines + [""]
 
 
-def verdicts(rows, cross_rows, study):
-    """Plain statements of what the runs show, family by family."""
+def _cross_seed_line(row):
+    verdict = (
+        "the split **recurs** across seeds."
+        if row["recurs"]
+        else f"the split **does not recur** across seeds (every seed pair must correlate at p < {RECURRENCE_ALPHA})."
+    )
+    return (
+        f"  - across {row['num_seeds']} seeds on {row['text']} ({row['num_towers']} towers): matched correlation "
+        f"{_fmt(row['correlation'])} (largest p-value over seed pairs {max(row['p_values']):.2g}; ceiling "
+        f"{_fmt(row['ceiling'])}): {verdict}"
+    )
+
+
+def family_verdict(family, group, cross_rows):
+    """The verdict lines of one family: reliability, the two tests, the noise floor, agreement across seeds."""
+    above = (group["excess_difference_nats"] > 0).sum()
+    lines = [
+        f"- **{family}** ({len(group)} run/text pairs, {group['probe_replicas'].max()} probe replicas per tower):",
+        f"  - reliability {_fmt(group['reliability'].mean())} on average (95% intervals from "
+        f"{_fmt(group['reliability_ci_low'].min())} to {_fmt(group['reliability_ci_high'].max())}); with one probe "
+        f"per tower {_fmt(group['reliability_single_probe'].mean())}.",
+        f"  - {_percent(group['significant_share'].mean())} of eligible token types prefer one tower beyond probe "
+        f"noise (replica-level test), against {_percent(group['occurrence_significant_share'].mean())} by the "
+        "occurrence-level test, which ignores probe noise.",
+        f"  - probes of two towers differ by {_fmt(group['two_tower_difference_nats'].mean())} nats per token type, "
+        f"probes of one tower by {_fmt(group['same_tower_floor_nats'].mean())} (the noise floor): above the floor "
+        f"in {above} of {len(group)} run/text pairs.",
+    ]
+    return lines + [_cross_seed_line(row) for row in cross_rows if row["family"] == family]
+
+
+def verdicts(frame, cross_rows, study):
+    """Plain statements of what the runs show, family by family, then cooperation against each control."""
     lines = []
-    for family in dict.fromkeys(row["family"] for row in rows):
-        family_rows = [row for row in rows if row["family"] == family and row["excess_significant_share"] is not None]
-        above = [row for row in family_rows if row["mean_abs_preference_nats"] > row["floor_mean_abs_preference_nats"]]
-        replicated = [row for row in family_rows if row["replica_p_value"] < RECURRENCE_ALPHA]
-        lines += [
-            f"- **{family}**: above the same-tower noise floor (larger mean absolute preference, towers and floor "
-            f"both compared across probe runs) in {len(above)} of {len(family_rows)} "
-            f"run/text pairs; mean absolute preference {_fmt(_mean([r['mean_abs_preference_nats'] for r in family_rows]))}"
-            f" vs {_fmt(_mean([r['floor_mean_abs_preference_nats'] for r in family_rows]))} nats for the floor, "
-            f"excess share of significant types {_fmt(_mean([r['excess_significant_share'] for r in family_rows]))}.",
-            f"  - survives new probes (preference measured with probe set A correlates with probe set B's, "
-            f"p < {RECURRENCE_ALPHA}) in {len(replicated)} of {len(family_rows)} run/text pairs; mean replica r "
-            f"{_fmt(_mean([r['replica_correlation'] for r in family_rows]))}, roughly the share of one run's "
-            "per-type preference variance that is a reproducible difference between the towers.",
-        ]
-        for row in (r for r in cross_rows if r["family"] == family):
-            lines.append(
-                f"  - across {row['num_seeds']} seeds on {row['text']} ({row['num_towers']} towers): matched "
-                f"correlation {_fmt(row['correlation'])} (largest p-value over seed pairs "
-                f"{max(row['p_values']):.2g}) vs {_fmt(row['floor_correlation'])} for the noise floor: "
-                + (
-                    "the split **recurs** across seeds."
-                    if row["recurs"]
-                    else "the split **does not recur** across "
-                    f"seeds (every seed pair must correlate at p < {RECURRENCE_ALPHA} and beat the noise floor)."
-                )
-            )
+    for family, group in frame.groupby("family", sort=False):
+        lines += family_verdict(family, group, cross_rows)
+    means = frame.groupby("family")[["reliability", "significant_share", "excess_difference_nats"]].mean()
     for name, family in study.families.items():
-        if family.control_of is None:
+        if family.control_of is None or not {name, family.control_of} <= set(means.index):
             continue
-        cooperative = [
-            r for r in rows if r["family"] == family.control_of and r["excess_significant_share"] is not None
-        ]
-        control = [r for r in rows if r["family"] == name and r["excess_significant_share"] is not None]
-        if cooperative and control:
-            lines.append(
-                f"- **cooperation** ({family.control_of} vs {name}, its independent-towers control): mean excess share "
-                f"of significant types {_fmt(_mean([r['excess_significant_share'] for r in cooperative]))} vs "
-                f"{_fmt(_mean([r['excess_significant_share'] for r in control]))}; mean replica r "
-                f"{_fmt(_mean([r['replica_correlation'] for r in cooperative]))} vs "
-                f"{_fmt(_mean([r['replica_correlation'] for r in control]))}."
-            )
+        cooperative, control = means.loc[family.control_of], means.loc[name]
+        lines.append(
+            f"- **cooperation** ({family.control_of} vs {name}, its independent-towers control): reliability "
+            f"{_fmt(cooperative['reliability'])} vs {_fmt(control['reliability'])}; types significant (replica-level) "
+            f"{_percent(cooperative['significant_share'])} vs {_percent(control['significant_share'])}; "
+            f"two-tower difference above the floor by {_fmt(cooperative['excess_difference_nats'])} vs "
+            f"{_fmt(control['excess_difference_nats'])} nats."
+        )
     return lines
+
+
+def _perplexities(per_tower, per_replica):
+    """Per tower: its perplexity (from the replicas' mean NLL) and the range over its replicas."""
+    return " / ".join(
+        f"{_fmt(tower, 1)} ({_fmt(min(replicas), 1)}-{_fmt(max(replicas), 1)})"
+        for tower, replicas in zip(per_tower, per_replica)
+    )
+
+
+def runs_table(frame):
+    return pd.DataFrame(
+        {
+            "run": frame["run"],
+            "text": frame["text"],
+            "joint ppl": frame["joint_perplexity"].map(lambda value: _fmt(value, 1)),
+            "probe ppl per tower (replica range)": [
+                _perplexities(*values) for values in zip(frame["probe_perplexity"], frame["probe_replica_perplexity"])
+            ],
+            "probe stop step": frame["probe_stop_step"],
+            "offset (nats)": frame["global_offset_nats"].map(_fmt),
+            "reliability (95% interval)": [
+                f"{_fmt(value)} ({_fmt(low)} to {_fmt(high)})"
+                for value, low, high in zip(
+                    frame["reliability"], frame["reliability_ci_low"], frame["reliability_ci_high"]
+                )
+            ],
+            "one probe": frame["reliability_single_probe"].map(_fmt),
+            "significant: replica-level": frame["significant_share"].map(_fmt),
+            "occurrence-level": frame["occurrence_significant_share"].map(_fmt),
+            "two-tower diff (nats)": frame["two_tower_difference_nats"].map(_fmt),
+            "same-tower floor": frame["same_tower_floor_nats"].map(_fmt),
+            "eligible types": frame["num_eligible_types"],
+            "run minutes": frame["run_minutes"].map(lambda value: _fmt(value, 1)),
+        }
+    )
+
+
+def cross_seed_table(cross_rows):
+    frame = pd.DataFrame(cross_rows)
+    return pd.DataFrame(
+        {
+            "family": frame["family"],
+            "towers": frame["num_towers"],
+            "text": frame["text"],
+            "seeds": frame["num_seeds"],
+            "matched r": frame["correlation"].map(_fmt),
+            "largest p": frame["p_values"].map(lambda p_values: f"{max(p_values):.2g}"),
+            "ceiling": frame["ceiling"].map(_fmt),
+            "recurs": frame["recurs"].map({True: "yes", False: "no"}),
+        }
+    )
 
 
 def category_section(categories, text, report_dir):
@@ -280,8 +345,8 @@ def category_section(categories, text, report_dir):
         "",
         "Share of eligible token types preferring the first seed's tower 0 (towers of the other seeds matched to "
         "it by the correlation of their preferences); `*` marks a category whose split differs from the overall "
-        "split (Benjamini-Hochberg q < 0.05 of a binomial test). Centered preferences. Per-tower counts of "
-        "preferring and significant types are in study.json.",
+        "split (Benjamini-Hochberg q < 0.05 of a binomial test). Replica-mean centered preferences. Per-tower "
+        "counts of preferring and significant (replica-level) types are in study.json.",
         "",
     ]
     if not any("pos" in per_run for per_seed in categories.values() for per_run in per_seed.values()):
@@ -306,19 +371,43 @@ def category_section(categories, text, report_dir):
                     share = match[f"num_preferring_tower{tower}"].iloc[0] / match["num_types"].iloc[0]
                     cells.append(f"{share:.2f}{'*' if match['q_value'].iloc[0] < 0.05 else ''}")
                 rows.append(cells)
-        lines += _table(["grouping", "category", "types", *seeds], rows)
+        lines += markdown_table(pd.DataFrame(rows, columns=["grouping", "category", "types", *seeds]))
     return lines
+
+
+def introduction(num_replicas):
+    return [
+        f"Each run pretrains a model, then trains {num_replicas} probe replicas per tower in one probe run (replica "
+        "r of every tower on one data order; replicas differ in initial weights and data order; stopped on the "
+        "validation loss), and scores every text with `twotower.evaluation.score`. Preferences are centered: the "
+        "global offset (one tower better overall) is removed before testing each token type.",
+        "",
+        "- *reliability*: the share of the across-type variance of the replica-mean per-type preference that is a "
+        "difference between the towers rather than between replicas (about 0: probe noise alone; about 1: the "
+        "replicas agree), with a bootstrap 95% interval over token types. *One probe*: the same stepped down to one "
+        "probe per tower (Spearman-Brown), the paper's measurement.",
+        "- *significant*: the share of eligible token types preferring one tower in the replica-level test (per type, "
+        "a moderated t test over replicas; Benjamini-Hochberg), next to the occurrence-level test on replica-mean "
+        "log-probabilities, which counts only the spread over a type's occurrences and so takes a probe's own "
+        "per-type bias for its tower's.",
+        "- *two-tower difference*: the mean over eligible types of the absolute difference of mean log-probability "
+        "between probes of two towers from different replicas; the *same-tower floor* is the same between probes of "
+        "one tower, which differ only by probe noise.",
+        "",
+    ]
 
 
 def write_study_report(summaries, runs_dir, report_dir, command, study):
     """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
     report_dir.mkdir(parents=True, exist_ok=True)
     rows = run_rows(summaries)
-    cross_rows = cross_seed_rows(summaries, runs_dir)
+    frame = pd.DataFrame(rows)
+    cross_rows = cross_seed_rows(rows, runs_dir)
     categories = {text: category_rows(summaries, runs_dir, text) for text in study.eval_texts}
-    plot_noise_floor(rows, report_dir / "noise_floor.png")
+    plot_noise_floor(frame, report_dir / "noise_floor.png")
     if cross_rows:
         plot_cross_seed(cross_rows, report_dir / "cross_seed.png")
+    minutes = frame["run_minutes"].dropna()
 
     lines = [
         "# Tower preference study",
@@ -327,73 +416,19 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
         f"torch {torch.__version__} with {torch.get_num_threads()} threads"
         f"{', GPU ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ', no GPU'}.",
         "",
-        "Each run pretrains a model, trains two probe sets on it with different seeds (A and B: other initial probe "
-        "weights and data order; each stopped on validation loss), and scores both on each text. A probe set trains "
-        "one probe per tower in one run, so its probes share that run's noise (data order, stopping step). The "
-        "*noise floor* compares probe A and probe B of the **same** tower; any preference it shows is probe noise. "
-        "It is matched by the two-tower preference *across runs* (tower 0's probe from set A, tower 1's from set B), "
-        "which differs from it only in comparing two towers: *excess* is their difference. *One run* is the "
-        "preference of set A's probes alone, the paper's measurement. Preferences are centered: the global offset "
-        "(one tower better overall) is removed before testing each token type. *Replica r* correlates the per-type "
-        "preference measured with probe set A and with probe set B: their probe noise is independent, so only a "
-        "real difference between the towers correlates (p-value of a Pearson test over the eligible types). "
-        "Split-half consistency cannot tell the two apart: a probe's own bias for a token type is as stable over the "
-        "text as a tower's.",
-        "",
+        *introduction(study.probe["probe_replicas"]),
         "## Verdicts",
         "",
-        *verdicts(rows, cross_rows, study),
+        *verdicts(frame, cross_rows, study),
         "",
         "## Runs",
         "",
-        f"{len(summaries)} runs; the longest took {max(run_minutes(summary) for summary in summaries):.1f} minutes "
-        "(pretraining, two probe sets, scoring every text).",
+        f"{len(summaries)} runs; the longest took {_fmt(minutes.max() if len(minutes) else None, 1)} minutes "
+        "(pretraining, the probe run, scoring every text).",
         "",
         "![noise floor](noise_floor.png)",
         "",
-        *_table(
-            [
-                "run",
-                "text",
-                "joint ppl",
-                "probe ppl (A)",
-                "probe stop steps (A, B)",
-                "offset (nats)",
-                "significant, one run (raw / centered)",
-                "significant, across runs",
-                "floor",
-                "excess",
-                "consistency",
-                "floor consistency",
-                "mean abs pref (nats)",
-                "floor",
-                "replica r (p)",
-                "eligible types",
-                "run minutes",
-            ],
-            [
-                [
-                    r["run"],
-                    r["text"],
-                    _fmt(r["joint_perplexity"], 1),
-                    " / ".join(_fmt(p, 1) for p in r["probe_perplexity"]),
-                    ", ".join(str(s) for s in r["probe_best_steps"]),
-                    _fmt(r["global_offset_nats"]),
-                    f"{_fmt(r['significant_share_raw'])} / {_fmt(r['significant_share_same_run'])}",
-                    _fmt(r["significant_share"]),
-                    _fmt(r["floor_significant_share"]),
-                    _fmt(r["excess_significant_share"]),
-                    _fmt(r["split_half_consistency"]),
-                    _fmt(r["floor_split_half_consistency"]),
-                    _fmt(r["mean_abs_preference_nats"]),
-                    _fmt(r["floor_mean_abs_preference_nats"]),
-                    f"{_fmt(r['replica_correlation'])} ({_p_text(r['replica_p_value'])})",
-                    r["num_eligible_types"],
-                    _fmt(r["run_minutes"], 1),
-                ]
-                for r in rows
-            ],
-        ),
+        *markdown_table(runs_table(frame)),
     ]
     if cross_rows:
         lines += [
@@ -401,33 +436,11 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
             "",
             "![cross-seed agreement](cross_seed.png)",
             "",
-            *_table(
-                [
-                    "family",
-                    "towers",
-                    "text",
-                    "seeds",
-                    "matched r (two towers)",
-                    "largest p",
-                    "matched r (noise floor)",
-                    "recurs",
-                ],
-                [
-                    [
-                        r["family"],
-                        r["num_towers"],
-                        r["text"],
-                        r["num_seeds"],
-                        _fmt(r["correlation"]),
-                        f"{max(r['p_values']):.2g}",
-                        _fmt(r["floor_correlation"]),
-                        "yes" if r["recurs"] else "no",
-                    ]
-                    for r in cross_rows
-                ],
-            ),
-            "Matched correlation: tower labels are arbitrary, so towers are matched first (for two towers, the larger "
-            "of r and -r); the noise floor's value shows what matching alone gives on unrelated preferences.",
+            *markdown_table(cross_seed_table(cross_rows)),
+            "Matched correlation of the replica-mean per-type preferences (eligible types of both runs) between two "
+            "pretraining seeds: tower labels are arbitrary, so towers are matched first (for two towers, the larger "
+            "of r and -r; the p-value is that of |r|). *Ceiling*: the square root of the product of the two runs' "
+            "reliabilities, the correlation identical splits would show through the probe noise.",
             "",
         ]
     for text, text_categories in categories.items():

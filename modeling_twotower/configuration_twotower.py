@@ -18,6 +18,7 @@ PRESETS = {
     "elmo-large": dict(tower_type="lstm", hidden_size=256, num_hidden_layers=2, lstm_hidden_size=4096, vocab_size=30528),
 }
 TOWER_TYPES = ("transformer", "lstm")
+PROBE_TYPES = ("mlp", "linear")
 
 
 class TwoTowerConfig(PretrainedConfig):
@@ -60,6 +61,8 @@ class TwoTowerConfig(PretrainedConfig):
         lstm_hidden_size: int | None = None,  # lstm towers: cells >= hidden_size, projected back to it (None: 4 * h)
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
+        probe_replicas: int = 1,  # probes per tower, each with its own initial weights (replica-level statistics)
+        probe_type: str = "mlp",  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
         hidden_act: str = "gelu",  # any key of transformers.activations.ACT2FN
         max_position_embeddings: int = 128,  # the paper's context length
         hidden_dropout: float = 0.1,  # embeddings, residual branches and fusion head
@@ -84,6 +87,8 @@ class TwoTowerConfig(PretrainedConfig):
         self.lstm_hidden_size = lstm_hidden_size
         self.bidirectional = bidirectional
         self.cooperative = cooperative
+        self.probe_replicas = probe_replicas
+        self.probe_type = probe_type
         self.hidden_act = hidden_act
         self.max_position_embeddings = max_position_embeddings
         self.hidden_dropout = hidden_dropout
@@ -106,6 +111,11 @@ class TwoTowerConfig(PretrainedConfig):
     def fused_hidden_size(self) -> int:
         """Width of the concatenated towers, `num_towers * hidden_size` (and by default of the embedding)."""
         return self.num_towers * self.hidden_size
+
+    @property
+    def num_probes(self) -> int:
+        """Probes in all: `probe_replicas` per tower, tower-major (probe `t * probe_replicas + r`)."""
+        return self.num_towers * self.probe_replicas
 
     @property
     def head_dim(self) -> int:
@@ -159,6 +169,12 @@ class TwoTowerConfig(PretrainedConfig):
                 f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to tower_type='lstm'; drop it for "
                 f"transformer towers (their MLP width is `intermediate_size`)."
             )
+        if not isinstance(self.probe_replicas, int) or self.probe_replicas < 1:
+            raise ValueError(
+                f"`probe_replicas` must be a positive integer (probes per tower), got {self.probe_replicas!r}."
+            )
+        if self.probe_type not in PROBE_TYPES:
+            raise ValueError(f"Unknown `probe_type` {self.probe_type!r}; use one of {list(PROBE_TYPES)}.")
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"Unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)}.")
         for field in ("hidden_dropout", "attention_dropout"):
@@ -167,4 +183,4 @@ class TwoTowerConfig(PretrainedConfig):
                 raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
 
 
-__all__ = ["TwoTowerConfig", "PRESETS", "TOWER_TYPES"]
+__all__ = ["TwoTowerConfig", "PRESETS", "PROBE_TYPES", "TOWER_TYPES"]

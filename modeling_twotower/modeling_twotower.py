@@ -191,27 +191,55 @@ class TwoTowerDecoderLayer(GradientCheckpointingLayer):
 
 class TwoTowerProbes(nn.Module):
     """
-    One probe per tower (Linear, GELU, LayerNorm, Linear to the vocabulary; not tied), all towers batched.
+    Probes that each read one tower's slice of the normalized concatenation, all batched along a probe dimension.
 
-    Each probe reads only its tower's slice of the normalized concatenation. Probes are trained in the probe
-    phase on a frozen model and are what the preference measurement reads. The independent-towers control
-    uses the same module as its per-tower LM heads.
+    `num_replicas` probes per tower, tower-major: probe `t * num_replicas + r` is replica r of tower t, each with
+    its own initial weights, so that the preference can be tested against the spread between probes of one
+    tower. `probe_type` "mlp" is the paper's probe (Linear, GELU, LayerNorm, Linear to the vocabulary; not
+    tied); "linear" is softmax regression on the slice (the vocabulary projection alone), a convex problem with
+    one optimum. Probes are trained in the probe phase on a frozen model and are what the preference
+    measurement reads. The independent-towers control uses this module (one MLP per tower) as its LM heads.
     """
 
-    def __init__(self, config: TwoTowerConfig):
+    def __init__(self, config: TwoTowerConfig, num_replicas: int = 1, probe_type: str = "mlp"):
         super().__init__()
-        self.dense = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.act_fn = ACT2FN[config.hidden_act]
-        self.norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
-        self.decoder = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.vocab_size)
+        self.num_towers = config.num_towers
+        self.num_replicas = num_replicas
+        self.probe_type = probe_type
+        num_probes = config.num_towers * num_replicas
+        if probe_type == "mlp":
+            self.dense = TwoTowerBatchedLinear(num_probes, config.hidden_size, config.hidden_size)
+            self.act_fn = ACT2FN[config.hidden_act]
+            self.norm = TwoTowerBatchedLayerNorm(num_probes, config.hidden_size, config.layer_norm_eps)
+        self.decoder = TwoTowerBatchedLinear(num_probes, config.hidden_size, config.vocab_size)
+
+    @property
+    def num_probes(self) -> int:
+        return self.num_towers * self.num_replicas
+
+    def per_probe(self, features: torch.Tensor) -> torch.Tensor:
+        """[towers, ...] -> [probes, ...]: each tower's features for each of its replicas (a view when possible)."""
+        if features.shape[0] == self.num_probes:
+            return features
+        if features.shape[0] != self.num_towers:
+            raise ValueError(
+                f"`features` has {features.shape[0]} rows; expected {self.num_towers} (one per tower) or "
+                f"{self.num_probes} (one per probe)."
+            )
+        if self.num_replicas == 1:
+            return features
+        expanded = features.unsqueeze(1).expand(self.num_towers, self.num_replicas, *features.shape[1:])
+        return expanded.reshape(self.num_probes, *features.shape[1:])
 
     def transform(self, features: torch.Tensor) -> torch.Tensor:
-        # [towers, ..., hidden] -> [towers, ..., hidden], the input of the vocabulary projection
+        # [probes, ..., hidden] -> [probes, ..., hidden], the input of the vocabulary projection
+        if self.probe_type == "linear":
+            return features
         return self.norm(self.act_fn(self.dense(features)))
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Full probe logits [towers, ..., vocab]; for a few positions only (see `forward` for scoring)."""
-        return self.decoder(self.transform(features))
+        """Full logits [probes, ..., vocab] from [towers or probes, ..., hidden]; for a few positions only."""
+        return self.decoder(self.transform(self.per_probe(features)))
 
     def forward(
         self, features: torch.Tensor, target_ids: torch.LongTensor, chunk_size: int | None = None
@@ -220,51 +248,63 @@ class TwoTowerProbes(nn.Module):
         Each probe's log-probability of `target_ids`.
 
         Args:
-            features: [towers, batch, seq, hidden], from `probe_features` of the LM classes.
+            features: [towers, batch, seq, hidden], from `probe_features` of the LM classes (or [probes, ...]).
             target_ids: [batch, seq], aligned with `features`; -100 marks positions to skip (they give 0.0).
-            chunk_size: positions per chunk of the vocabulary projection; by default chosen so one chunk of
-                [towers, chunk, vocab] float32 logits stays under 256 MiB. [towers, batch, seq, vocab] logits
-                never exist at once, and under autograd chunks (when there are several) are recomputed in backward
-                instead of kept. Only positions whose target is not -100 are projected.
+            chunk_size: positions per chunk of the vocabulary projection (see `score_positions`). Only positions
+                whose target is not -100 are projected.
 
         Returns:
-            gold log-probabilities [towers, batch, seq], float32.
+            gold log-probabilities [probes, batch, seq], float32, probes tower-major.
         """
-        num_towers, batch, seq, hidden = features.shape
+        _, batch, seq, hidden = features.shape
         if target_ids.shape != (batch, seq):
             raise ValueError(f"`target_ids` has shape {tuple(target_ids.shape)}, expected {(batch, seq)}.")
-        vocab_size = self.decoder.weight.shape[-1]
-        features = features.reshape(num_towers, batch * seq, hidden)
+        features = features.reshape(features.shape[0], batch * seq, hidden)
         targets = target_ids.reshape(-1)
         # Only scored positions reach the vocabulary projection (a masked LM scores ~15% of them).
         scored = (targets != -100).nonzero().squeeze(-1)
         every_position = scored.numel() == targets.numel()  # causal LMs: nothing to gather
         if not every_position:
             features, targets = features.index_select(1, scored), targets.index_select(0, scored)
-        transformed = self.transform(features)
+        gold_logprobs = self.score_positions(features, targets, chunk_size)
+        if not every_position:
+            gold_logprobs = gold_logprobs.new_zeros(self.num_probes, batch * seq).index_copy(1, scored, gold_logprobs)
+        return gold_logprobs.view(self.num_probes, batch, seq)
+
+    def score_positions(
+        self, features: torch.Tensor, targets: torch.LongTensor, chunk_size: int | None = None
+    ) -> torch.Tensor:
+        """
+        Gold log-probabilities [probes, n] of scored positions: features [towers or probes, n, hidden], targets
+        [n] (shared by every probe) or [probes, n] (each probe its own positions, e.g. its own data order).
+
+        The vocabulary projection runs in chunks of `chunk_size` positions, by default chosen so that one chunk
+        of [probes, chunk, vocab] float32 logits stays under 256 MiB: [probes, n, vocab] logits never exist at
+        once, and under autograd chunks (when there are several) are recomputed in backward instead of kept.
+        """
+        transformed = self.transform(self.per_probe(features))
+        targets = targets.expand(self.num_probes, -1)
+        num_positions = targets.shape[1]
         if chunk_size is None:
-            chunk_size = max(1, PROBE_LOGITS_CHUNK_BYTES // (4 * num_towers * vocab_size))
+            chunk_size = max(1, PROBE_LOGITS_CHUNK_BYTES // (4 * self.num_probes * self.decoder.weight.shape[-1]))
         # Under autograd, chunks are recomputed in backward rather than kept; one chunk is kept, since backward
         # starts with it (nothing runs after the probes) and recomputing it would not lower the peak.
-        recompute = scored.numel() > chunk_size and torch.is_grad_enabled()
+        recompute = num_positions > chunk_size and torch.is_grad_enabled()
         recompute = recompute and (transformed.requires_grad or self.decoder.weight.requires_grad)
-        chunks = [transformed.new_zeros(num_towers, 0, dtype=torch.float32)]  # a batch may score nothing
-        for start in range(0, scored.numel(), chunk_size):
-            args = (transformed[:, start : start + chunk_size], targets[start : start + chunk_size])
+        chunks = [transformed.new_zeros(self.num_probes, 0, dtype=torch.float32)]  # a batch may score nothing
+        for start in range(0, num_positions, chunk_size):
+            args = (transformed[:, start : start + chunk_size], targets[:, start : start + chunk_size])
             if recompute:
                 chunks.append(checkpoint(self._gold_logprobs, *args, use_reentrant=False))
             else:
                 chunks.append(self._gold_logprobs(*args))
-        gold_logprobs = torch.cat(chunks, dim=1)
-        if not every_position:
-            gold_logprobs = gold_logprobs.new_zeros(num_towers, batch * seq).index_copy(1, scored, gold_logprobs)
-        return gold_logprobs.view(num_towers, batch, seq)
+        return torch.cat(chunks, dim=1)
 
     def _gold_logprobs(self, transformed: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
-        # [towers, chunk, hidden] -> [towers, chunk, vocab] -> [towers, chunk]; one fused log-softmax kernel
+        # [probes, chunk, hidden] -> [probes, chunk, vocab] -> [probes, chunk]; one fused log-softmax kernel
         # (forward and backward) is faster than gold logit minus logsumexp, which makes several passes
         logprobs = self.decoder(transformed).float().log_softmax(dim=-1)
-        return logprobs.gather(-1, targets.expand(logprobs.shape[0], -1).unsqueeze(-1)).squeeze(-1)
+        return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 class TwoTowerPreTrainedModel(PreTrainedModel):
@@ -472,7 +512,7 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
             self.lm_head = nn.Linear(config.embedding_size, config.vocab_size, bias=True)  # bias: output bias
         else:
             self.tower_lm_heads = TwoTowerProbes(config)
-        self.probes = TwoTowerProbes(config)
+        self.probes = TwoTowerProbes(config, config.probe_replicas, config.probe_type)
         self.post_init()
 
     def get_output_embeddings(self):
@@ -557,6 +597,11 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self._split_towers(fused)
 
+    def _per_tower(self, gold_logprobs: torch.Tensor, all_replicas: bool) -> torch.Tensor:
+        # [probes, ...] -> [towers, replicas, ...], or the replica mean [towers, ...]
+        per_tower = gold_logprobs.view(self.config.num_towers, self.probes.num_replicas, *gold_logprobs.shape[1:])
+        return per_tower if all_replicas else per_tower.mean(dim=1)
+
     def _checked_probe_features(self, input_ids, attention_mask, features):
         if features is None:
             return self.probe_features(input_ids, attention_mask)
@@ -567,6 +612,22 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
                 f"`probe_features(input_ids)` of a model with this config, computed on these input_ids."
             )
         return features
+
+    def reset_probes(self, probe_replicas: int | None = None, probe_type: str | None = None) -> TwoTowerProbes:
+        """
+        New, untrained probes drawn from the current random state: `probe_replicas` per tower of `probe_type`
+        (None keeps the config's). The config follows, so a saved model reloads with these probes.
+        """
+        probe_replicas = self.config.probe_replicas if probe_replicas is None else probe_replicas
+        probe_type = self.config.probe_type if probe_type is None else probe_type
+        # a config checks the values before any weight is replaced
+        type(self.config)(**{**self.config.to_dict(), "probe_replicas": probe_replicas, "probe_type": probe_type})
+        self.config.probe_replicas, self.config.probe_type = probe_replicas, probe_type
+        reference = self.model.tower_proj.weight
+        probes = TwoTowerProbes(self.config, probe_replicas, probe_type).to(reference.device, reference.dtype)
+        probes.apply(self._init_weights)
+        self.probes = probes
+        return probes
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """Resize the shared embedding, the tied decoder and its output bias, and every probe-shaped head."""
@@ -579,7 +640,7 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         return embeddings
 
     def _resized_decoder(self, decoder: TwoTowerBatchedLinear) -> TwoTowerBatchedLinear:
-        resized = TwoTowerBatchedLinear(self.config.num_towers, self.config.hidden_size, self.config.vocab_size)
+        resized = TwoTowerBatchedLinear(decoder.weight.shape[0], self.config.hidden_size, self.config.vocab_size)
         resized.to(device=decoder.weight.device, dtype=decoder.weight.dtype)
         self._init_weights(resized)
         kept = min(decoder.weight.shape[-1], self.config.vocab_size)
@@ -654,15 +715,17 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         chunk_size: int | None = None,
         features: torch.Tensor | None = None,
+        all_replicas: bool = False,
     ) -> torch.Tensor:
         """
-        Each probe's log-probability of the next token, [num_towers, batch, seq - 1], float32.
+        Each tower's probe log-probability of the next token, [num_towers, batch, seq - 1], float32.
 
         Entry [i, b, t] is log p_probe_i(labels[b, t + 1] | tokens <= t). `labels` default to `input_ids`;
         entries whose target is -100 (or padding, where `attention_mask` is 0) are 0.0. The vocabulary
         projection is chunked (see `TwoTowerProbes.forward`), so memory stays bounded on long inputs.
         `features`: `probe_features(input_ids, attention_mask)` if already computed (probe sets on one frozen
-        model share it).
+        model share it). With `config.probe_replicas` > 1 a tower's entry is the mean over its replicas;
+        `all_replicas=True` returns every replica, [num_towers, probe_replicas, batch, seq - 1].
         """
         labels = input_ids if labels is None else labels
         if labels.shape != input_ids.shape:
@@ -671,7 +734,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)[:, :, :-1]
-        return self.probes(features, targets, chunk_size=chunk_size)
+        return self._per_tower(self.probes(features, targets, chunk_size=chunk_size), all_replicas)
 
 
 def _next_token_targets(labels: torch.LongTensor) -> torch.LongTensor:
@@ -727,13 +790,17 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         labels: torch.LongTensor | None = None,
         chunk_size: int | None = None,
         features: torch.Tensor | None = None,
+        all_replicas: bool = False,
     ) -> torch.Tensor:
         """
-        Each probe's log-probability of the original token at every labelled position, [num_towers, batch, seq].
+        Each tower's probe log-probability of the original token at every labelled position, [num_towers,
+        batch, seq].
 
         `input_ids` hold the masked sequence and `labels` the original ids at masked positions (-100
         elsewhere); unlabelled and padding positions give 0.0. `features`: `probe_features(input_ids,
-        attention_mask)` if already computed (probe sets on one frozen model share it).
+        attention_mask)` if already computed (probe sets on one frozen model share it). With
+        `config.probe_replicas` > 1 a tower's entry is the mean over its replicas; `all_replicas=True` returns
+        every replica, [num_towers, probe_replicas, batch, seq].
         """
         if labels is None:
             raise ValueError(
@@ -745,7 +812,7 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         if attention_mask is not None:
             labels = labels.masked_fill(attention_mask == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)
-        return self.probes(features, labels, chunk_size=chunk_size)
+        return self._per_tower(self.probes(features, labels, chunk_size=chunk_size), all_replicas)
 
     def generate(self, *args, **kwargs):
         raise TypeError(

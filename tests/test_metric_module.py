@@ -85,6 +85,37 @@ def test_add_batch_equals_one_compute(tower_preference):
     assert batched == tower_preference.compute(token_ids=token_ids, gold_logprobs=gold_logprobs, min_count=5)
 
 
+def replica_predictions(num_predictions=600, vocab_size=15, seed=3):
+    """token ids [n] and per-prediction rows of 3 probes of each of two towers [n, probes] (tower-major)."""
+    rng = np.random.default_rng(seed)
+    token_ids = rng.integers(0, vocab_size, num_predictions)
+    probe_bias = rng.normal(0.0, 0.3, (6, vocab_size))  # [probes, types]
+    gold_logprobs = -rng.uniform(2.0, 6.0, num_predictions) + probe_bias[:, token_ids] - 0.5  # [probes, n]
+    return token_ids.tolist(), np.minimum(gold_logprobs, 0.0).T.tolist()
+
+
+@pytest.mark.parametrize("probe_runs", [None, [0, 1, 2, 0, 1, 2]], ids=["unpaired", "paired"])
+def test_replica_compute_equals_the_core(tower_preference, probe_runs):
+    token_ids, gold_logprobs = replica_predictions()
+    probe_towers = [0, 0, 0, 1, 1, 1]
+    options = dict(min_count=5, top_k=4, center=True, probe_towers=probe_towers, probe_runs=probe_runs)
+    for start in range(0, len(token_ids), 250):  # batch by batch, as in an evaluation loop
+        batch = slice(start, start + 250)
+        tower_preference.add_batch(token_ids=token_ids[batch], gold_logprobs=gold_logprobs[batch])
+    results = tower_preference.compute(**options)
+    expected = compute_preference(token_ids, np.asarray(gold_logprobs).T, **options)
+    assert results == expected.to_dict()
+    assert results["test"] == "replica" and results["paired"] == (probe_runs is not None)
+    assert results["probe_runs"] == probe_runs and np.shape(results["probe_mean_logprob"]) == (6, 15)
+    assert -1.0 < results["reliability"] <= 1.0 and len(results["reliability_ci"]) == 2
+
+
+def test_compute_without_probe_towers_has_no_replica_keys(tower_preference):
+    token_ids, gold_logprobs = predictions(seed=3)
+    results = tower_preference.compute(token_ids=token_ids, gold_logprobs=gold_logprobs, min_count=5)
+    assert not {"test", "reliability", "occurrence_p_value", "probe_mean_logprob"} & results.keys()
+
+
 @pytest.mark.parametrize(
     "inputs, message",
     [
@@ -94,8 +125,10 @@ def test_add_batch_equals_one_compute(tower_preference):
         (dict(token_ids=[1, -100], gold_logprobs=[[-1.0, -2.0], [-1.0, -1.0]]), "must be >= 0"),
         (dict(token_ids=[1, 2], gold_logprobs=[[-1.0, float("nan")], [-1.0, -1.0]]), "must be finite"),
         (dict(token_ids=[], gold_logprobs=[]), "token_ids is empty"),
+        (dict(token_ids=[1, 2], gold_logprobs=[[-1.0] * 3] * 2, probe_towers=[0, 0, 1]), "at least 2 probe replicas"),
+        (dict(token_ids=[1, 2], gold_logprobs=[[-1.0] * 4] * 2, probe_runs=[0, 1, 0, 1]), "needs probe_towers"),
     ],
-    ids=["ragged", "one-tower", "positive", "negative-id", "nan", "empty"],
+    ids=["ragged", "one-tower", "positive", "negative-id", "nan", "empty", "one-replica", "runs-without-towers"],
 )
 def test_bad_input_raises_a_clear_error(tower_preference, inputs, message):
     with pytest.raises(ValueError, match=message):
@@ -106,6 +139,16 @@ def test_docstring_examples(tower_preference):
     module = sys.modules[type(tower_preference).__module__]
     failures, attempted = doctest.testmod(module, raise_on_error=False)
     assert attempted > 0 and failures == 0
+
+
+def test_card_replica_examples_run(tower_preference):
+    # the card's examples with probe replicas are doctests too: they must print what the card says
+    card = (METRIC_DIR / "README.md").read_text()
+    blocks = [block.split("```")[0] for block in card.split("```python\n")[1:]]
+    examples = "".join(block for block in blocks if "probe_towers=[0, 0, 0, 1, 1, 1]" in block and ">>>" in block)
+    test = doctest.DocTestParser().get_doctest(examples, {"tower_preference": tower_preference}, "card", None, 0)
+    failures, attempted = doctest.DocTestRunner().run(test)
+    assert attempted > 10 and failures == 0
 
 
 def test_folder_is_an_evaluate_space():

@@ -338,6 +338,51 @@ def test_probe_logprobs_ignore_padding_and_train_only_the_probes():
     assert all(p.grad is None for n, p in model.named_parameters() if not n.startswith("probes."))
 
 
+@pytest.mark.parametrize("probe_type", ["mlp", "linear"])
+def test_each_probe_replica_equals_a_model_with_that_probe_alone(probe_type):
+    replicas = 3
+    model = tiny_model(probe_replicas=replicas, probe_type=probe_type)
+    input_ids = random_ids()
+    every_replica = model.probe_logprobs(input_ids, all_replicas=True)
+    assert every_replica.shape == (2, replicas, BATCH, SEQ - 1)
+    torch.testing.assert_close(model.probe_logprobs(input_ids), every_replica.mean(dim=1))
+    assert not torch.allclose(every_replica[:, 0], every_replica[:, 1])  # each replica drew its own weights
+    for replica in range(replicas):
+        single = tiny_model(probe_type=probe_type)
+        state = model.state_dict()
+        for name, value in state.items():
+            if name.startswith("probes."):
+                value = value[replica::replicas]  # tower-major: probe t * replicas + r
+            single.state_dict()[name].copy_(value)
+        torch.testing.assert_close(single.probe_logprobs(input_ids), every_replica[:, replica])
+    if probe_type == "linear":  # softmax regression: the vocabulary projection alone
+        assert {name for name, _ in model.probes.named_parameters()} == {"decoder.weight", "decoder.bias"}
+
+
+def test_reset_probes_draws_new_replicas_and_the_config_follows(tmp_path):
+    model = tiny_model()
+    backbone = {name: value.clone() for name, value in model.state_dict().items() if not name.startswith("probes.")}
+    torch.manual_seed(5)
+    model.reset_probes(probe_replicas=2, probe_type="linear")
+    assert (model.config.probe_replicas, model.config.probe_type, model.config.num_probes) == (2, "linear", 4)
+    assert model.probes.decoder.weight.shape == (4, HIDDEN, VOCAB)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, value in reloaded.state_dict().items():
+        torch.testing.assert_close(value, model.state_dict()[name], rtol=0, atol=0)
+        if not name.startswith("probes."):
+            assert torch.equal(value, backbone[name]), name
+    input_ids = random_ids()
+    assert torch.equal(
+        reloaded.probe_logprobs(input_ids, all_replicas=True), model.probe_logprobs(input_ids, all_replicas=True)
+    )
+    with pytest.raises(ValueError, match="`probe_replicas` must be a positive integer"):
+        model.reset_probes(probe_replicas=0)
+    with pytest.raises(ValueError, match="Unknown `probe_type` 'ridge'"):
+        model.reset_probes(probe_type="ridge")
+    assert model.config.probe_replicas == 2 and model.config.probe_type == "linear"  # a refused reset changes nothing
+
+
 # ---------------------------------------------------------------- generation
 
 
@@ -422,10 +467,11 @@ def test_registration_tolerates_a_second_import():
 
 
 def test_loads_as_hub_custom_code_where_the_package_is_not_importable(tmp_path):
-    model = tiny_model()
+    model = tiny_model(probe_replicas=2)
     input_ids = random_ids()
     model.save_pretrained(tmp_path / "model")
-    torch.save({"input_ids": input_ids, "logits": model(input_ids).logits}, tmp_path / "expected.pt")
+    expected = {"logits": model(input_ids).logits, "probes": model.probe_logprobs(input_ids, all_replicas=True)}
+    torch.save({"input_ids": input_ids, **expected}, tmp_path / "expected.pt")
     script = textwrap.dedent(
         """
         import sys
@@ -442,6 +488,7 @@ def test_loads_as_hub_custom_code_where_the_package_is_not_importable(tmp_path):
         expected = torch.load("expected.pt")
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
         assert torch.equal(model(expected["input_ids"]).logits, expected["logits"])
+        assert torch.equal(model.probe_logprobs(expected["input_ids"], all_replicas=True), expected["probes"])
         print("remote code OK", type(model).__name__)
         """
     )

@@ -116,6 +116,8 @@ def assert_summaries_close(summary, expected):
         if key.startswith("top_"):
             for tower_values, expected_values in zip(summary[key], value):
                 np.testing.assert_allclose(tower_values, expected_values, rtol=1e-9, err_msg=key)
+        elif value is None or isinstance(value, str) or (isinstance(value, list) and None in value):
+            assert summary[key] == value, key
         else:
             np.testing.assert_allclose(summary[key], value, rtol=1e-9, err_msg=key)
 
@@ -215,6 +217,70 @@ def test_scored_blocks_are_the_training_commands(scored):
     lm_datasets = tokenize_and_group(load_raw_datasets("unused", None, files["train_file"]), tokenizer, BLOCK_SIZE)
     held_out = split_blocks(lm_datasets, BLOCK_SIZE, 10.0)["validation"]
     torch.testing.assert_close(input_ids(score.load_blocks(args, tokenizer)), input_ids(held_out)[:7])
+
+
+def train_probe_replicas(model, blocks, replicas):
+    """New probes, `replicas` per tower, trained a few steps on the frozen model (replica r: its own batch order)."""
+    torch.manual_seed(1)
+    model.reset_probes(probe_replicas=replicas)
+    model.requires_grad_(False)
+    model.probes.requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.probes.parameters(), lr=3e-3)
+    orders = [torch.randperm(len(blocks), generator=torch.Generator().manual_seed(r)) for r in range(replicas)]
+    for step in range(TRAIN_STEPS // 2):
+        loss = 0.0
+        for replica, order in enumerate(orders):  # every probe learns; replica r of each tower sees order r
+            input_ids = blocks[order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]]["input_ids"]
+            with torch.no_grad():
+                features = model.probe_features(input_ids)[:, :, :-1]
+            logprobs = model.probes(features, input_ids[:, 1:]).view(2, replicas, *input_ids[:, 1:].shape)
+            loss = loss - logprobs[:, replica].mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+def test_probe_replicas_are_scored_with_the_replica_level_test(scored, tmp_path, capsys):
+    replicas = 3
+    model = train_probe_replicas(
+        TwoTowerForCausalLM.from_pretrained(scored["model_dir"]), scored["blocks"]["train"], replicas
+    )
+    model.save_pretrained(tmp_path / "model")
+    scored["tokenizer"].save_pretrained(tmp_path / "model")
+    options = dict(
+        validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE, max_blocks=MAX_BLOCKS, batch_size=5,
+        min_count=MIN_COUNT, top_k=5, disable_tqdm=True, cpu=True, center=True,
+    )
+    written = score.main([*[f"--{k}={v}" for k, v in options.items() if v is not True],
+                          *[f"--{k}" for k, v in options.items() if v is True],
+                          "--model_dir", str(tmp_path / "model"), "--output_dir", str(tmp_path / "report")])
+    assert "reliability" in capsys.readouterr().out
+
+    # independently: every replica run directly, then the statistics core with replica r of both towers paired
+    token_ids, gold, _ = [], [], []
+    with torch.no_grad():
+        for batch in DataLoader(scored["blocks"]["validation"].select(range(MAX_BLOCKS)), batch_size=5,
+                                collate_fn=collate_blocks):
+            every = model.probe_logprobs(batch["input_ids"], all_replicas=True)  # [towers, replicas, batch, seq-1]
+            gold.append(every.flatten(0, 1).flatten(1))
+            token_ids.append(batch["input_ids"][:, 1:].flatten())
+    token_ids, gold = torch.cat(token_ids).numpy(), torch.cat(gold, dim=1).numpy()
+    probe_towers, probe_runs = [0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2]
+    expected = compute_preference(
+        token_ids, gold, min_count=MIN_COUNT, top_k=5, center=True, probe_towers=probe_towers, probe_runs=probe_runs
+    )
+    assert written["summary"]["test"] == "replica" and written["summary"]["probe_runs"] == probe_runs
+    assert_summaries_close(written["summary"], expected.summary)
+    per_replica = np.exp(-gold.mean(axis=1)).reshape(2, replicas)
+    np.testing.assert_allclose(written["perplexity"]["probe_replicas"], per_replica, rtol=1e-5)
+    np.testing.assert_allclose(written["perplexity"]["probes"], np.exp(np.log(per_replica).mean(axis=1)), rtol=1e-5)
+    assert written["model"]["probe_replicas"] == replicas
+
+    unpaired = score.score_model(tmp_path / "model", tmp_path / "unpaired", pair_replicas=False, **options)
+    expected = compute_preference(token_ids, gold, min_count=MIN_COUNT, top_k=5, center=True, probe_towers=probe_towers)
+    assert unpaired["summary"]["probe_runs"] is None and not unpaired["summary"]["paired"]
+    assert unpaired["summary"]["reliability"] == pytest.approx(expected.summary["reliability"], rel=1e-9)
 
 
 def test_scoring_rejects_bad_arguments(scored, tmp_path):

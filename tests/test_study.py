@@ -1,6 +1,8 @@
-"""The study driver end to end on a micro grid: runs, noise floor, resume, aggregation, and its errors."""
+"""The study driver end to end on a micro grid: probe replicas, one scoring code path, resume, aggregation, errors."""
 
+import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -10,20 +12,22 @@ from scipy import stats
 from torch.utils.data import DataLoader
 
 from twotower.evaluation import study as study_module
-from twotower.evaluation.report import load_report
+from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks, load_model
-from twotower.evaluation.study import load_study_config, run_study
+from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
 from twotower.evaluation.study_report import correlation_p_value
-from twotower.evaluation.study_scoring import evenly_spaced_blocks
 from twotower.evaluation.tower_preference.preference_stats import compare_preferences, compute_preference
+from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
 from twotower.training.tokenizer import load_tokenizer
 
 
+NUM_REPLICAS = 2
+BOOKS_BLOCKS = 12
 MICRO_STUDY = {
     "train_file": "wiki/train.txt",
     "validation_file": "wiki/valid.txt",
-    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_blocks": 12}},
+    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_blocks": BOOKS_BLOCKS}},
     "families": {
         "causal": {"pretrain_recipe": "tiny", "probe_recipe": "tiny_probe"},
         "control": {"pretrain_recipe": "tiny_control", "probe_recipe": "tiny_control_probe", "control_of": "causal"},
@@ -39,6 +43,7 @@ MICRO_STUDY = {
         "per_device_train_batch_size": 8,
     },
     "probe": {
+        "probe_replicas": NUM_REPLICAS,
         "max_train_steps": 30,
         "num_warmup_steps": 1,
         "eval_steps": 3,
@@ -57,6 +62,11 @@ def write_lines(path, source, start, count):
     path.write_text("".join(lines[start : start + count]), encoding="utf-8")
 
 
+def write_recipe(path, **changes):
+    path.write_text(yaml.safe_dump({**MICRO_STUDY, **changes}))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def micro_study(tmp_path_factory, shared_data):
     torch.set_num_threads(1)
@@ -68,66 +78,79 @@ def micro_study(tmp_path_factory, shared_data):
     write_lines(data_dir / "wiki" / "test.txt", wiki / "test.txt", 0, 150)
     for novel in ("pg11_alice_in_wonderland.txt", "pg35_the_time_machine.txt"):
         write_lines(data_dir / "books" / novel, shared_data / "gutenberg" / novel, 100, 200)
-    recipe = root / "micro.yaml"
-    recipe.write_text(yaml.safe_dump(MICRO_STUDY))
+    recipe = write_recipe(root / "micro.yaml")
     output_dir = root / "out"
-    report = run_study(str(recipe), data_dir, output_dir, command="micro study")
+    report = run_study(recipe, data_dir, output_dir, command="micro study")
     return {"recipe": recipe, "data_dir": data_dir, "output_dir": output_dir, "report": report}
 
 
+def run_summary(micro_study, name):
+    return json.loads((micro_study["output_dir"] / "runs" / name / "run.json").read_text())
+
+
 def gold_logprobs_directly(model_dir, text_file, max_blocks=None):
-    """(targets [n], probe log-probs [towers, n]) of a probe model over a text, run without the study code."""
+    """(targets [n], log-probs [probes, n], tower-major) of every probe replica over a text, without the study or
+    scoring code; max_blocks blocks evenly spaced over the text."""
     tokenizer = load_tokenizer(str(model_dir))
     args = ScoringArguments(model_dir=str(model_dir), output_dir="unused", validation_file=str(text_file))
-    blocks = evenly_spaced_blocks(load_blocks(args, tokenizer), max_blocks)
+    blocks = load_blocks(args, tokenizer)
+    if max_blocks is not None:
+        blocks = blocks.select(np.linspace(0, len(blocks) - 1, max_blocks).round().astype(int).tolist())
     model = load_model(str(model_dir), torch.float32)
     targets, gold = [], []
     with torch.no_grad():
         for batch in DataLoader(blocks.with_format("torch"), batch_size=5, collate_fn=collate_blocks):
             targets.append(batch["input_ids"][:, 1:].flatten())
-            gold.append(model.probe_logprobs(batch["input_ids"]).flatten(1))
+            gold.append(model.probe_logprobs(batch["input_ids"], all_replicas=True).flatten(0, 1).flatten(1))
     return torch.cat(targets).numpy(), torch.cat(gold, dim=1).numpy()
 
 
-def test_noise_floor_and_two_tower_preference_match_an_independent_computation(micro_study):
+def test_run_figures_are_the_scoring_commands_and_match_an_independent_computation(micro_study):
     run_dir = micro_study["output_dir"] / "runs" / "causal-t2-s0"
-    text = micro_study["data_dir"] / "books"
-    targets, gold_a = gold_logprobs_directly(run_dir / "probe-s0" / "model", text, max_blocks=12)
-    targets_b, gold_b = gold_logprobs_directly(run_dir / "probe-s1000" / "model", text, max_blocks=12)
-    np.testing.assert_array_equal(targets, targets_b)
-    expected = {
-        "towers": gold_a,
-        "towers_replica": gold_b,
-        "towers_across_runs": np.stack([gold_a[0], gold_b[1]]),
-        "same_tower_0": np.stack([gold_a[0], gold_b[0]]),
-        "same_tower_1": np.stack([gold_a[1], gold_b[1]]),
-    }
-    scores = json.loads((run_dir / "scores" / "books" / "scores.json").read_text())
-    for pair, gold in expected.items():
-        for kind, center in (("centered", True), ("raw", False)):
-            summary = compute_preference(targets, gold, min_count=5, center=center).summary
-            for key, value in scores["pairs"][pair][kind].items():
-                np.testing.assert_allclose(value, summary[key], rtol=1e-6, atol=1e-9, err_msg=f"{pair} {kind} {key}")
-    results = [compute_preference(targets, gold, min_count=5, center=True) for gold in (gold_a, gold_b)]
-    eligible = [(result.token_ids[result.eligible], result.preference_nats[:, result.eligible]) for result in results]
-    replica = compare_preferences(*eligible[0], *eligible[1])
-    assert scores["replica_correlation"] == pytest.approx(replica["correlation"], rel=1e-6)
-    assert scores["replica_num_types"] == replica["num_shared_types"]
-    probe_perplexity = np.exp(-gold_a.astype(np.float64).mean(axis=1))
-    np.testing.assert_allclose(scores["perplexity"]["probe_sets"][0], probe_perplexity, rtol=1e-5)
-    assert scores["data"]["num_blocks"] == 12
+    summary = run_summary(micro_study, "causal-t2-s0")
+    for text in MICRO_STUDY["eval_texts"]:
+        report = json.loads((run_dir / "scores" / text / "preference.json").read_text())
+        figures = summary["scores"][text]
+        assert {key: figures[key] for key in SUMMARY_FIELDS} == {key: report["summary"][key] for key in SUMMARY_FIELDS}
+        assert figures["perplexity"] == report["perplexity"]
+        assert report["settings"]["center"] and report["data"]["spread_blocks"]
+
+    # the same figures from each replica's log-probs, paired by replica index, centered
+    targets, gold = gold_logprobs_directly(run_dir / "probe" / "model", micro_study["data_dir"] / "books", BOOKS_BLOCKS)
+    expected = compute_preference(
+        targets,
+        gold,
+        min_count=5,
+        center=True,
+        probe_towers=[0] * NUM_REPLICAS + [1] * NUM_REPLICAS,
+        probe_runs=list(range(NUM_REPLICAS)) * 2,
+    ).summary
+    figures = summary["scores"]["books"]
+    for key in ("reliability", "reliability_single_probe", "significant_share", "occurrence_significant_share"):
+        assert figures[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-9), key
+    for key in ("two_tower_difference_nats", "same_tower_floor_nats", "global_offset_nats"):
+        np.testing.assert_allclose(figures[key], expected[key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(figures["reliability_ci"], expected["reliability_ci"], rtol=1e-5)
+    assert figures["num_eligible_types"] == expected["num_eligible_types"] > 0
+    assert figures["replicas_per_tower"] == [NUM_REPLICAS, NUM_REPLICAS] and figures["paired"]
+    replica_perplexity = np.exp(-gold.astype(np.float64).mean(axis=1)).reshape(2, NUM_REPLICAS)
+    np.testing.assert_allclose(figures["perplexity"]["probe_replicas"], replica_perplexity, rtol=1e-5)
+    assert figures["num_blocks"] == BOOKS_BLOCKS
 
 
-def test_probe_sets_differ_and_stop_on_validation_loss(micro_study):
-    summary = json.loads((micro_study["output_dir"] / "runs" / "causal-t2-s0" / "run.json").read_text())
-    probe_a, probe_b = summary["probes"]
-    assert probe_a["eval_metrics"] != probe_b["eval_metrics"]  # another seed: other initial weights and data order
-    for probe in (probe_a, probe_b):
-        assert probe["best_step"] % 3 == 0 and probe["best_step"] <= probe["completed_steps"] <= 30
-        assert probe["stopped_early"] == (probe["completed_steps"] < 30)
+def test_one_probe_run_trains_distinct_replicas_and_stops_on_validation_loss(micro_study):
+    run_dir = micro_study["output_dir"] / "runs" / "causal-t2-s0"
+    assert sorted(path.name for path in run_dir.iterdir()) == ["pretrain", "probe", "run.json", "scores"]
+    config = json.loads((run_dir / "probe" / "model" / "config.json").read_text())
+    assert config["probe_replicas"] == NUM_REPLICAS
+    probe = run_summary(micro_study, "causal-t2-s0")["probe"]
+    assert probe["best_step"] % 3 == 0 and probe["best_step"] <= probe["completed_steps"] <= 30
+    assert probe["stopped_early"] == (probe["completed_steps"] < 30)
+    for replicas in run_summary(micro_study, "causal-t2-s0")["scores"]["wiki-test"]["perplexity"]["probe_replicas"]:
+        assert replicas[0] != replicas[1]  # replicas start from other weights
 
 
-def test_report_aggregates_every_run(micro_study):
+def test_report_renders_the_replica_figures(micro_study):
     report_dir = micro_study["report"].parent
     text = micro_study["report"].read_text()
     study = json.loads((report_dir / "study.json").read_text())
@@ -136,50 +159,111 @@ def test_report_aggregates_every_run(micro_study):
     for name in ("noise_floor.png", "cross_seed.png", "categories_causal-t2_books.png"):
         assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "micro study" in text and "**cooperation** (causal vs control, its independent-towers control)" in text
+    assert "## Verdicts" in text and "## Runs" in text and "## Across seeds" in text and "## Token categories" in text
 
-    # the cross-seed correlation is compare_preferences over the two seeds' eligible centered preferences
-    (causal_books,) = [row for row in study["cross_seed"] if row["family"] == "causal" and row["text"] == "books"]
-    tables = [
-        load_report(micro_study["output_dir"] / "runs" / f"causal-t2-s{seed}" / "scores" / "books" / "towers")[1]
-        for seed in (0, 1)
-    ]
-    eligible = [table[table["eligible"]] for table in tables]
-    expected = compare_preferences(
-        eligible[0]["token_id"],
-        eligible[0][["preference_nats_tower0", "preference_nats_tower1"]].T.to_numpy(),
-        eligible[1]["token_id"],
-        eligible[1][["preference_nats_tower0", "preference_nats_tower1"]].T.to_numpy(),
+    (row,) = [r for r in study["runs"] if r["run"] == "causal-t2-s0" and r["text"] == "books"]
+    figures = run_summary(micro_study, "causal-t2-s0")["scores"]["books"]
+    assert row["reliability"] == figures["reliability"]
+    assert [row["reliability_ci_low"], row["reliability_ci_high"]] == figures["reliability_ci"]
+    assert row["excess_difference_nats"] == pytest.approx(
+        figures["two_tower_difference_nats"] - figures["same_tower_floor_nats"]
     )
+    table_row = f"| causal-t2-s0 | books | {figures['perplexity']['joint']:.1f} |"
+    assert table_row in text
+    low, high = figures["reliability_ci"]
+    assert f"{figures['reliability']:.3f} ({low:.3f} to {high:.3f})" in text
+
+    # the cross-seed correlation is compare_preferences over the two seeds' eligible replica-mean preferences
+    (causal_books,) = [r for r in study["cross_seed"] if r["family"] == "causal" and r["text"] == "books"]
+    runs_dir = micro_study["output_dir"] / "runs"
+    tables = [load_report(runs_dir / f"causal-t2-s{seed}" / "scores" / "books")[1] for seed in (0, 1)]
+    (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, tables)
+    expected = compare_preferences(ids_a, preference_a, ids_b, preference_b)
     assert causal_books["correlation"] == pytest.approx(expected["correlation"])
+    reliabilities = [r["reliability"] for r in study["runs"] if r["family"] == "causal" and r["text"] == "books"]
+    assert causal_books["ceiling"] == pytest.approx(np.sqrt(np.prod(np.maximum(reliabilities, 0))))
 
 
 def test_finished_runs_are_not_repeated(micro_study, monkeypatch):
     def fail(*args, **kwargs):
-        raise AssertionError("a finished run was trained again")
+        raise AssertionError("finished work was done again")
 
     monkeypatch.setattr(study_module, "training_function", fail)
+    monkeypatch.setattr(study_module, "score_model", fail)
     before = (micro_study["report"].parent / "study.json").read_text()
-    run_study(str(micro_study["recipe"]), micro_study["data_dir"], micro_study["output_dir"], command="micro study")
+    run_study(micro_study["recipe"], micro_study["data_dir"], micro_study["output_dir"], command="micro study")
     assert (micro_study["report"].parent / "study.json").read_text() == before
+
+
+def test_an_interrupted_run_reuses_its_finished_phases_and_score_folders(micro_study, monkeypatch, tmp_path):
+    name = "causal-t2-s0"
+    run_dir = tmp_path / "out" / "runs" / name
+    shutil.copytree(micro_study["output_dir"] / "runs" / name, run_dir)
+    (run_dir / "run.json").unlink()
+    shutil.rmtree(run_dir / "scores" / "books")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished phase was trained again")
+
+    scored = []
+
+    def score_model(model_dir, output_dir, **options):
+        scored.append(output_dir.name)
+        return real_score_model(model_dir, output_dir, **options)
+
+    real_score_model = study_module.score_model
+    monkeypatch.setattr(study_module, "training_function", fail)
+    monkeypatch.setattr(study_module, "score_model", score_model)
+    run_study(micro_study["recipe"], micro_study["data_dir"], tmp_path / "out", runs_pattern=f"^{name}$")
+    assert scored == ["books"]
+    before, after = run_summary(micro_study, name), json.loads((run_dir / "run.json").read_text())
+    assert after["scores"]["wiki-test"]["seconds"] is None  # reused: its scoring time is not known
+    for text in MICRO_STUDY["eval_texts"]:
+        for figures in (before, after):
+            figures["scores"][text].pop("seconds")
+    assert after == before
+
+
+def test_old_recipes_and_runs_get_clear_errors(micro_study, tmp_path):
+    with pytest.raises(ValueError, match="`probe_seed_offset`, which the study no longer has"):
+        load_study_config(write_recipe(tmp_path / "old.yaml", probe_seed_offset=1000))
+    probe_options = {key: value for key, value in MICRO_STUDY["probe"].items() if key != "probe_replicas"}
+    with pytest.raises(ValueError, match="probe_replicas=None"):
+        load_study_config(write_recipe(tmp_path / "single.yaml", probe=probe_options))
+    with pytest.raises(ValueError, match=r"sets \['center'\], which the study sets itself"):
+        load_study_config(write_recipe(tmp_path / "center.yaml", scoring={"center": False}))
+    with pytest.raises(ValueError, match=r"unknown options \['no_such_option'\]"):
+        load_study_config(write_recipe(tmp_path / "unknown.yaml", scoring={"no_such_option": 1}))
+    old_run = tmp_path / "out" / "runs" / "causal-t2-s0" / "run.json"
+    old_run.parent.mkdir(parents=True)
+    old_run.write_text(json.dumps({"run": {}, "pretrain": {}, "probes": [{}, {}], "scores": {}}))
+    with pytest.raises(ValueError, match="earlier design"):
+        run_study(micro_study["recipe"], micro_study["data_dir"], tmp_path / "out", aggregate_only=True)
 
 
 def test_bad_study_options(micro_study, tmp_path):
     with pytest.raises(FileNotFoundError, match="known recipes"):
         load_study_config("no-such-study")
-    bad = {**MICRO_STUDY, "grid": [{"family": "nope"}]}
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ValueError, match="names family 'nope'"):
-        load_study_config(str(tmp_path / "bad.yaml"))
+        load_study_config(write_recipe(tmp_path / "bad.yaml", grid=[{"family": "nope"}]))
     with pytest.raises(ValueError, match="selects none"):
-        run_study(str(micro_study["recipe"]), micro_study["data_dir"], tmp_path / "out", runs_pattern="^lstm")
+        run_study(micro_study["recipe"], micro_study["data_dir"], tmp_path / "out", runs_pattern="^lstm")
     with pytest.raises(FileNotFoundError, match="--data_dir"):
-        run_study(str(micro_study["recipe"]), tmp_path / "missing", tmp_path / "out")
+        run_study(micro_study["recipe"], tmp_path / "missing", tmp_path / "out")
 
 
-def test_shipped_study_recipes_load():
-    cpu = load_study_config("cpu")
-    assert [run.name for run in cpu.runs()][:3] == ["causal-t2-s0", "causal-t2-s1", "causal-t2-s2"]
-    assert load_study_config("gpu").families["control"].control_of == "causal"
+@pytest.mark.parametrize("recipe", ["cpu", "gpu"])
+def test_shipped_study_recipes_load_with_valid_training_options(recipe):
+    study = load_study_config(recipe)
+    assert study.probe["probe_replicas"] >= 4
+    for family in study.families.values():
+        pretrain_options = {**study.pretrain, **family.overrides}
+        dataclasses.replace(load_config(family.pretrain_recipe), **pretrain_options)
+        probe = dataclasses.replace(load_config(family.probe_recipe), **study.probe)
+        assert probe.phase == "probe" and probe.probe_replicas == study.probe["probe_replicas"]
+    if recipe == "cpu":
+        assert [run.name for run in study.runs()][:3] == ["causal-t2-s0", "causal-t2-s1", "causal-t2-s2"]
+    assert study.families["control"].control_of == "causal"
 
 
 def test_correlation_p_value_is_pearsons():

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from accelerate import Accelerator
+from datasets import Dataset
 from huggingface_hub import CommitInfo, HfApi, RepoUrl
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -26,7 +27,7 @@ from transformers import AutoModelForCausalLM, set_seed
 import modeling_twotower
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
-from twotower.training.data import load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.early_stopping import EarlyStopping
 from twotower.training.phases import (
     build_model,
@@ -36,10 +37,11 @@ from twotower.training.phases import (
     trained_module,
     weight_decay_groups,
 )
+from twotower.training.probe_cache import build_feature_cache
 from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
-from twotower.training.validation import evaluate
+from twotower.training.validation import evaluate_cached
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -142,28 +144,35 @@ def test_probe_phase_trains_only_the_probes(pretrain_run, probe_run):
     metrics = probe_run["eval_metrics"]
     # The joint model is frozen and sees the same validation blocks: the same perplexity as after pretraining.
     assert metrics["perplexity"] == pytest.approx(pretrain_run["eval_metrics"]["perplexity"], rel=1e-6)
+    # The train loss sums the probes (the recipe's replicas of both towers); each started near a uniform guess.
+    num_probes = 2 * probe_run["config"].probe_replicas
+    assert probe_run["train_losses"][0] == pytest.approx(num_probes * math.log(VOCAB_SIZE), abs=0.3 * num_probes)
     for probe in (0, 1):
-        # The train loss sums the two probes; each started near a uniform guess and learned.
-        assert probe_run["train_losses"][0] == pytest.approx(2 * math.log(VOCAB_SIZE), abs=0.6)
+        # each tower's probes learned
         assert metrics[f"probe_{probe}_loss"] < math.log(VOCAB_SIZE) - 0.5
         assert metrics[f"probe_{probe}_perplexity"] == pytest.approx(math.exp(metrics[f"probe_{probe}_loss"]))
         assert metrics[f"probe_{probe}_loss"] > metrics["loss"]  # one tower alone knows less than the two
 
 
 def test_probe_evaluations_reuse_the_frozen_joint_models_metrics(pretrain_run, probe_run):
-    model = AutoModelForCausalLM.from_pretrained(probe_run["model_dir"])
+    model = AutoModelForCausalLM.from_pretrained(probe_run["model_dir"]).eval()
     input_ids = validation_blocks(probe_run["config"], load_tokenizer(probe_run["model_dir"]))
-    batches = [{"input_ids": ids, "labels": ids} for ids in input_ids.split(8)]
-    accelerator = Accelerator(cpu=True)
-    full = evaluate(accelerator, model, batches, probe_model=model)
-    # the joint model as after pretraining, the probes as the probe run reported them
-    assert full["perplexity"] == pytest.approx(pretrain_run["eval_metrics"]["perplexity"], rel=1e-6)
+    # Recomputed here from the saved probes: each tower's loss is the mean over its replicas' mean NLLs.
+    with torch.no_grad():
+        replica_losses = -model.probe_logprobs(input_ids, all_replicas=True).mean(dim=(-2, -1))  # [towers, replicas]
     for probe in (0, 1):
-        assert full[f"probe_{probe}_loss"] == pytest.approx(probe_run["eval_metrics"][f"probe_{probe}_loss"], rel=1e-6)
+        assert replica_losses[probe].mean().item() == pytest.approx(
+            probe_run["eval_metrics"][f"probe_{probe}_loss"], rel=1e-6
+        )
+    # The cached evaluation: the joint model as after pretraining, unless its metrics are given; then only probes.
+    accelerator = Accelerator(cpu=True)
+    blocks = Dataset.from_dict({"input_ids": input_ids.tolist()})
+    cache = build_feature_cache(accelerator, model, blocks, collate_blocks, "causal", batch_size=8)
+    full = evaluate_cached(accelerator, model, cache, chunk_positions=100)
+    assert full["perplexity"] == pytest.approx(pretrain_run["eval_metrics"]["perplexity"], rel=1e-6)
+    assert full == pytest.approx({name: probe_run["eval_metrics"][name] for name in full}, rel=1e-6)
     given = {"loss": 9.0, "perplexity": math.exp(9.0)}
-    assert evaluate(accelerator, model, batches, probe_model=model, joint_metrics=given) == {**full, **given}
-    with pytest.raises(ValueError, match="`joint_metrics` replaces the joint model's evaluation only when probes"):
-        evaluate(accelerator, model, batches, joint_metrics=given)
+    assert evaluate_cached(accelerator, model, cache, chunk_positions=100, joint_metrics=given) == {**full, **given}
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["cooperative", "independent-towers-control"])
@@ -194,12 +203,15 @@ def test_probe_loss_builds_no_graph_through_the_backbone(pretrain_run, probe_run
     model = AutoModelForCausalLM.from_pretrained(pretrain_run["model_dir"])
     trained = trained_module(probe_run["config"], model, torch.device("cpu"))
     input_ids = torch.randint(0, 500, (2, 16))
-    loss = make_loss_function(probe_run["config"], model, trained)({"input_ids": input_ids, "labels": input_ids}, 30)
+    blocks = Dataset.from_dict({"input_ids": input_ids.tolist()})
+    cache = build_feature_cache(Accelerator(cpu=True), model, blocks, collate_blocks, "causal", batch_size=2)
+    batch = cache.replica_batch(torch.arange(len(cache)).expand(model.probes.num_replicas, -1))  # all positions
+    loss = make_loss_function(probe_run["config"], trained)(batch, 30)
     loss.backward()
     assert all(param.grad is not None for param in model.probes.parameters())
     assert all(param.grad is None for name, param in model.named_parameters() if not name.startswith("probes."))
     # The loss is the sum over probes of each probe's mean next-token NLL, here over 2 x 15 = 30 targets.
-    expected = -model.probe_logprobs(input_ids).sum() / 30
+    expected = -model.probe_logprobs(input_ids, all_replicas=True).sum() / 30
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
@@ -249,7 +261,8 @@ def script_evaluations(monkeypatch, *evaluations: tuple[float, ...]):
         for index, probe_loss in enumerate(probe_losses):
             metrics |= {f"probe_{index}_loss": probe_loss, f"probe_{index}_perplexity": math.exp(probe_loss)}
         scripted.append(metrics)
-    monkeypatch.setattr("twotower.training.train.evaluate", lambda *args, **kwargs: scripted.pop(0))
+    for name in ("evaluate", "evaluate_cached"):  # the pretrain phase's and the probe phase's
+        monkeypatch.setattr(f"twotower.training.train.{name}", lambda *args, **kwargs: scripted.pop(0))
 
 
 def test_early_stopping_saves_the_best_evaluation(corpus, tmp_path, monkeypatch, capsys):
@@ -365,8 +378,11 @@ def test_flops_per_token_counts_every_matmul_weight(architecture):
     trained = matmul_weights(("model.", "fusion_", "tower_lm_heads.")) + tied_decoder
     attention = 0 if config.tower_type == "lstm" else 2 * 2 * 64 * block_size  # layers * towers * width * context
     assert flops_per_token(config, block_size, "pretrain") == 6 * trained + 12 * attention
-    frozen, probes = matmul_weights(("model.",)), matmul_weights(("probes.",))
-    assert flops_per_token(config, block_size, "probe") == 2 * frozen + 4 * attention + 6 * probes
+    # The probe phase caches the frozen towers' features once: a step trains only the probes, every replica.
+    assert flops_per_token(config, block_size, "probe") == 6 * matmul_weights(("probes.",))
+    for replicas, probe_type in ((3, "mlp"), (2, "linear")):
+        model.reset_probes(replicas, probe_type)
+        assert flops_per_token(config, block_size, "probe") == 6 * matmul_weights(("probes.",))
 
 
 def test_a_compiled_model_is_saved_under_its_own_parameter_names():
@@ -436,6 +452,16 @@ BAD_INPUTS = {
                                   "`early_stopping_patience` must be >= 1"),
     "early stopping without evaluations": (dict(early_stopping_patience=3, eval_steps=0), ValueError,
                                            "needs `--eval_steps N`"),
+    "no probe replica": (dict(phase="probe", pretrained_model="{tmp}", probe_replicas=0), ValueError,
+                         "`probe_replicas` must be >= 1"),
+    "unknown probe type": (dict(phase="probe", pretrained_model="{tmp}", probe_type="cubic"), ValueError,
+                           "`probe_type` is 'cubic'"),
+    "probe options when pretraining": (dict(probe_replicas=4, probe_type="linear"), ValueError,
+                                       "--probe_replicas 4, --probe_type linear only apply to the probe phase"),
+    "linear probes without an iteration budget": (
+        dict(phase="probe", pretrained_model="{tmp}", probe_type="linear", max_train_steps=0), ValueError,
+        "set --max_train_steps N",
+    ),
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
-from modeling_twotower.configuration_twotower import PRESETS, TOWER_TYPES
+from modeling_twotower.configuration_twotower import PRESETS, PROBE_TYPES, TOWER_TYPES
 
 from .atomic import write_text_atomically
 
@@ -17,7 +17,9 @@ from .objectives import OBJECTIVES
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 PHASES = ("pretrain", "probe")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
+PROBE_FEATURE_CACHES = ("memory", "disk")
 RESOLVED_CONFIG_NAME = "training_config.yaml"
+RUN_RECORDS = ("probe_runs",)  # what a run writes about itself into its resolved config: read back, never options
 
 
 @dataclass
@@ -89,6 +91,15 @@ class TwoTowerTrainingConfig:
     phase: str = "pretrain"  # pretrain (phase 1, joint model) | probe (phases 2 and 3, frozen model)
     pretrained_model: str | None = None  # probe phase: folder of a pretrained two-tower model
     probe_chunk_size: int | None = None  # positions per chunk of the probes' vocabulary projection
+    probe_replicas: int = 1  # probes per tower, each its own initial weights and (mlp) its own data order
+    probe_type: str = "mlp"  # mlp (the paper's probe; AdamW) | linear (softmax regression solved by L-BFGS)
+    probe_feature_cache: str = "memory"  # memory (on the device) | disk (numpy memmaps under output_dir, removed at
+    # the end of the run: for caches beyond device memory)
+    probe_batch_positions: int | None = None  # cached positions per probe step and process; None = the positions
+    # of per_device_train_batch_size * gradient_accumulation_steps blocks, as much data as a step of blocks
+    probe_l2: float = 1e-3  # linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL;
+    # of 1e-4, 1e-3, 1e-2 and 3e-2 on the tiny model's features, 1e-3 gave the lowest validation loss (1e-4 overfit)
+    probe_tolerance: float = 1e-4  # linear probes: L-BFGS stops when no gradient entry exceeds it
 
     # checkpointing
     output_dir: str = "outputs/twotower"  # model/ (final), checkpoints/, runs/ (TensorBoard) go here
@@ -121,6 +132,8 @@ class TwoTowerTrainingConfig:
             "mixed_precision": (None, *MIXED_PRECISIONS),
             "objective": (None, *OBJECTIVES),
             "tower_type": (None, *TOWER_TYPES),
+            "probe_type": PROBE_TYPES,
+            "probe_feature_cache": PROBE_FEATURE_CACHES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -138,6 +151,7 @@ class TwoTowerTrainingConfig:
             raise ValueError(f"`mlm_probability` must be in (0, 1), got {self.mlm_probability!r}.")
         if self.phase == "probe" and self.pretrained_model is None:
             raise ValueError("The probe phase needs `--pretrained_model DIR`, the folder of a pretrained model.")
+        self._check_probe_options()
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
             raise ValueError(
                 f"`early_stopping_patience` must be >= 1 (evaluations without improvement before stopping), got "
@@ -152,6 +166,34 @@ class TwoTowerTrainingConfig:
             raise ValueError(f"`early_stopping_threshold` must be >= 0, got {self.early_stopping_threshold}.")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("`--push_to_hub` needs `--hub_model_id user/name`.")
+
+    def _check_probe_options(self):
+        if not isinstance(self.probe_replicas, int) or self.probe_replicas < 1:
+            raise ValueError(f"`probe_replicas` must be >= 1 (probes per tower), got {self.probe_replicas!r}.")
+        if self.probe_batch_positions is not None and self.probe_batch_positions < 1:
+            raise ValueError(
+                f"`probe_batch_positions` must be >= 1, got {self.probe_batch_positions}; leave it unset for the "
+                f"positions of a step of blocks."
+            )
+        if self.probe_l2 < 0 or self.probe_tolerance <= 0:
+            raise ValueError(
+                f"`probe_l2` must be >= 0 and `probe_tolerance` > 0, got {self.probe_l2} and {self.probe_tolerance}."
+            )
+        if self.phase == "probe" and self.probe_type == "linear" and not self.max_train_steps:
+            raise ValueError(
+                "--probe_type linear trains by L-BFGS iterations, one a step over the whole cache: set "
+                "--max_train_steps N (the most iterations, e.g. 500); it stops earlier at --probe_tolerance."
+            )
+        if self.phase == "pretrain":
+            defaults = {field.name: field.default for field in dataclasses.fields(self)}
+            names = ("probe_replicas", "probe_type", "probe_feature_cache", "probe_batch_positions", "probe_l2",
+                     "probe_tolerance")
+            changed = [f"--{name} {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} only apply to the probe phase; drop them, or train probes with "
+                    f"`--phase probe --pretrained_model DIR`."
+                )
 
     def model_overrides(self) -> dict:
         """The model fields set in this config, to apply over `model_preset`."""
@@ -176,6 +218,7 @@ def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: P
     """The options a recipe sets, checked against the fields of `config_class`."""
     path = resolve_recipe_path(recipe, recipes_dir)
     values = yaml.safe_load(path.read_text()) or {}
+    values = {name: value for name, value in values.items() if name not in RUN_RECORDS}
     fields = {field.name for field in dataclasses.fields(config_class)}
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -192,7 +235,10 @@ def load_config(recipe_path: str | None = None, cli_args: list[str] | None = Non
     return config
 
 
-def save_config(config: TwoTowerTrainingConfig, folder: str | os.PathLike) -> Path:
-    """Write the resolved config as a recipe (`--recipe FOLDER/training_config.yaml` reruns it), atomically."""
-    text = yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+def save_config(config: TwoTowerTrainingConfig, folder: str | os.PathLike, records: dict | None = None) -> Path:
+    """
+    Write the resolved config as a recipe (`--recipe FOLDER/training_config.yaml` reruns it), atomically, followed
+    by `records` of the run (keys of RUN_RECORDS, which recipes skip).
+    """
+    text = yaml.safe_dump({**dataclasses.asdict(config), **(records or {})}, sort_keys=False)
     return write_text_atomically(Path(folder) / RESOLVED_CONFIG_NAME, text)

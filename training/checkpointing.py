@@ -104,15 +104,20 @@ def load_checkpoint(accelerator, checkpoint: Path, steps_per_epoch: int) -> dict
     return progress
 
 
-def save_final_model(accelerator, model, state_dict: dict, tokenizer, config: TwoTowerTrainingConfig) -> Path:
-    """save_pretrained (Hub layout, custom code) + tokenizer + resolved config into output_dir/model, atomically."""
+def save_final_model(
+    accelerator, model, state_dict: dict, tokenizer, config: TwoTowerTrainingConfig, records: dict | None = None
+) -> Path:
+    """
+    save_pretrained (Hub layout, custom code) + tokenizer + resolved config (with the run's `records`, see
+    `save_config`) into output_dir/model, atomically.
+    """
     final = Path(config.output_dir) / FINAL_MODEL_DIR
 
     def write(folder: Path):
         model.save_pretrained(folder, state_dict=state_dict, is_main_process=accelerator.is_main_process)
         if accelerator.is_main_process:
             tokenizer.save_pretrained(folder)
-            save_config(config, folder)
+            save_config(config, folder, records)
 
     _write_atomically(accelerator, final, write)
     return final

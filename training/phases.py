@@ -9,7 +9,8 @@ from torch import nn
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 
 from .arguments import TwoTowerTrainingConfig
-from .objectives import objective_of, predicting_positions, prediction_targets
+from .linear_probes import make_lbfgs
+from .objectives import objective_of
 from .tokenizer import check_tokenizer_fits, padded_vocab_size
 
 MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}
@@ -64,11 +65,16 @@ def resolve_objective(config: TwoTowerTrainingConfig, model_config: TwoTowerConf
 
 
 def build_model(config: TwoTowerTrainingConfig, model_config: TwoTowerConfig, tokenizer, objective: str):
-    """The pretrained model (probe), or a new one whose vocabulary is the tokenizer's padded to a multiple of 64."""
+    """
+    The pretrained model with new probes (probe), or a new model whose vocabulary is the tokenizer's padded to a
+    multiple of 64 (pretrain).
+    """
     if config.phase == "probe":
         check_tokenizer_fits(tokenizer, model_config.vocab_size)
         model = MODEL_CLASSES[objective].from_pretrained(config.pretrained_model)
-        reinitialize_probes(model)
+        # New probes drawn from the run's seed: the saved ones hold the pretraining run's random init, so probe runs
+        # with different seeds would otherwise all start from the same probes. The config follows (replicas, type).
+        model.reset_probes(config.probe_replicas, config.probe_type)
         return model
     model_config = TwoTowerConfig.from_preset(
         config.model_preset,
@@ -84,17 +90,21 @@ def build_model(config: TwoTowerTrainingConfig, model_config: TwoTowerConfig, to
     return model
 
 
-def reinitialize_probes(model):
+class ProbesOnPositions(nn.Module):
     """
-    Draw new probe weights from the current seed. The saved probes hold the pretraining run's random init, so
-    probe runs with different seeds would otherwise all start from the same probes.
+    The model's probes behind a forward that scores given positions (`TwoTowerProbes.score_positions`): features
+    [towers or probes, n, hidden] and targets [n] or [probes, n] -> gold log-probabilities [probes, n]. It is what
+    the optimizer trains in the probe phase, so that DDP wraps the call whose gradients it syncs; its state dict
+    keys are the model's (`probes.*`).
     """
-    # from_pretrained flags every loaded tensor `_is_hf_initialized`, and transformers' init functions leave
-    # flagged tensors alone: without clearing the flags, `_init_weights` would change nothing. Only `probes`:
-    # the independent-towers control's `tower_lm_heads` are the same module class but trained.
-    for param in model.probes.parameters():
-        vars(param).pop("_is_hf_initialized", None)
-    model.probes.apply(model._init_weights)
+
+    def __init__(self, probes: nn.Module, chunk_size: int | None = None):
+        super().__init__()
+        self.probes = probes
+        self.chunk_size = chunk_size
+
+    def forward(self, features: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
+        return self.probes.score_positions(features, targets, self.chunk_size)
 
 
 def trained_module(config: TwoTowerTrainingConfig, model, device: torch.device) -> nn.Module:
@@ -104,7 +114,7 @@ def trained_module(config: TwoTowerTrainingConfig, model, device: torch.device) 
         model.probes.requires_grad_(False)
         return model
     model.requires_grad_(False).eval().to(device)
-    return model.probes.requires_grad_(True)
+    return ProbesOnPositions(model.probes.requires_grad_(True), config.probe_chunk_size)
 
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -120,21 +130,50 @@ def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_loss_function(config: TwoTowerTrainingConfig, model, trained: nn.Module):
-    """`loss(batch, num_items_in_batch)`: the phase's summed token loss divided by the window's token count."""
+def make_optimizer(config: TwoTowerTrainingConfig, trained: nn.Module) -> torch.optim.Optimizer:
+    """AdamW with the paper's settings; full-batch L-BFGS for linear probes."""
+    if config.phase == "probe" and config.probe_type == "linear":
+        return make_lbfgs(trained, config.probe_tolerance)
+    return torch.optim.AdamW(
+        weight_decay_groups(trained, config.weight_decay),
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+    )
+
+
+def probe_runs(config: TwoTowerTrainingConfig, num_towers: int) -> dict:
+    """
+    Which probes were trained together, recorded with the model (`probe_runs` in its training_config.yaml): run r
+    is replica r of every tower, probe `t * probe_replicas + r`. Scoring treats a run's probes as one paired
+    measurement.
+    """
+    replicas = config.probe_replicas
+    if config.probe_type == "linear":
+        data_order = "full batch: every probe read every cached position at every L-BFGS iteration"
+    else:
+        data_order = (f"replica r read the cached positions in an order drawn from (seed {config.seed}, epoch, r) "
+                      f"every epoch, the same for the probes of every tower")
+    return {
+        "num_towers": num_towers,
+        "probe_replicas": replicas,
+        "probe_type": config.probe_type,
+        "probe_index": "tower * probe_replicas + replica",
+        "runs": [[tower * replicas + replica for tower in range(num_towers)] for replica in range(replicas)],
+        "data_order": data_order,
+        "initialization": f"every probe its own draw, from seed {config.seed}",
+    }
+
+
+def make_loss_function(config: TwoTowerTrainingConfig, trained: nn.Module):
+    """
+    `loss(batch, num_items_in_batch)`: the phase's summed token loss divided by the window's token count. In the
+    probe phase a batch holds cached positions, {"features": [probes, n, hidden], "targets": [probes, n]}, and the
+    loss is the sum over probes of each probe's token-mean NLL.
+    """
     if config.phase == "pretrain":
         return lambda batch, num_items: trained(**batch, num_items_in_batch=num_items).loss
-    objective = objective_of(model.config)
-
-    def probe_loss(batch, num_items):
-        # probes learn the objective of the model: the next token (causal) or the masked tokens (masked)
-        with torch.no_grad():  # the frozen backbone builds no graph
-            features = predicting_positions(model.probe_features(batch["input_ids"]), objective, seq_dim=2)
-        targets = prediction_targets(batch["labels"], objective)  # [batch, seq - shift]
-        gold_logprobs = trained(features, targets, config.probe_chunk_size)  # [towers, batch, seq - shift]
-        return -gold_logprobs.sum() / num_items  # the sum over probes of each probe's token-mean NLL
-
-    return probe_loss
+    return lambda batch, num_items: -trained(batch["features"], batch["targets"]).sum() / num_items
 
 
 def trained_state_dict(accelerator, trained) -> dict:
@@ -154,4 +193,4 @@ def final_model_and_state_dict(
         trained_state = trained_state_dict(accelerator, trained)
     if config.phase == "pretrain":
         return accelerator.unwrap_model(trained, keep_torch_compile=False), trained_state
-    return model, {**model.state_dict(), **{f"probes.{name}": value for name, value in trained_state.items()}}
+    return model, {**model.state_dict(), **trained_state}  # ProbesOnPositions' keys are the model's `probes.*`

@@ -228,6 +228,8 @@ def describe_architecture(model_config: dict, weight_files: list[Path], tokenize
         "tokenizer_size": len(tokenizer),
         "num_parameters": num_parameters,
         "num_probe_parameters": num_probe_parameters,
+        "probe_replicas": model_config.get("probe_replicas", 1),  # older configs: one probe per tower
+        "probe_type": model_config.get("probe_type", "mlp"),
         "dtype": model_config.get("dtype", "float32"),
     }
 
@@ -249,8 +251,32 @@ def _optional(value, fmt: str) -> str:
 
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
-    """The preference summary as (quantity, value) rows of the card's table."""
-    return [
+    """The preference summary as (quantity, value) rows of the card's table; replica-level figures first."""
+    significant = (
+        f"{summary['num_significant']:,} of {summary['num_eligible_types']:,} "
+        f"({_optional(summary['significant_share'], '.1%')})"
+    )
+    rows = []
+    if summary.get("test") == "replica":
+        low, high = summary["reliability_ci"]
+        rows += [
+            (
+                f"Reliability (tower share of the per-type preference variance; {len(summary['probe_towers'])} "
+                f"probes, 95% CI over token types)",
+                f"{_optional(summary['reliability'], '.3f')} ({_optional(low, '.3f')} to {_optional(high, '.3f')})",
+            ),
+            (f"Preferences beyond probe noise (replica-level test, BH FDR {summary['alpha']:g})", significant),
+            (
+                "Two-tower difference / same-tower floor (mean per type, nats)",
+                f"{_optional(summary['two_tower_difference_nats'], '.3f')} / "
+                f"{_optional(summary['same_tower_floor_nats'], '.3f')}",
+            ),
+        ]
+        significant = (
+            f"{summary['occurrence_num_significant']:,} of {summary['num_eligible_types']:,} "
+            f"({_optional(summary['occurrence_significant_share'], '.1%')})"
+        )
+    return rows + [
         ("Predictions scored", f"{summary['num_predictions']:,}"),
         (
             "Token types seen (at least min_count times)",
@@ -260,9 +286,8 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("Token occurrences whose type prefers each tower", _percentages(summary["occurrence_share_preferring"])),
         ("Mean preference of the preferred tower", f"{_optional(summary['mean_abs_preference_nats'], '.3f')} nats"),
         (
-            f"Significant preferences (Benjamini-Hochberg, FDR {summary['alpha']:g})",
-            f"{summary['num_significant']:,} of {summary['num_eligible_types']:,} "
-            f"({_optional(summary['significant_share'], '.1%')})",
+            f"Significant over occurrences (Benjamini-Hochberg, FDR {summary['alpha']:g}; blind to probe noise)",
+            significant,
         ),
         ("Split-half consistency (Pearson r between halves)", _optional(summary["split_half_consistency"], ".3f")),
         (

@@ -19,9 +19,10 @@ def _tower_weights(config) -> int:
     return config.num_towers * (config.embedding_size * hidden + layers * per_layer)
 
 
-def _probe_shaped_weights(config) -> int:
-    """Matmul weights of one probe-shaped head per tower (dense, then the untied vocabulary projection)."""
-    return config.num_towers * (config.hidden_size * config.hidden_size + config.hidden_size * config.vocab_size)
+def _probe_shaped_weights(config, num_heads: int, probe_type: str = "mlp") -> int:
+    """Matmul weights of `num_heads` probe-shaped heads: a dense layer (mlp), then the untied vocabulary projection."""
+    dense = config.hidden_size * config.hidden_size if probe_type == "mlp" else 0
+    return num_heads * (dense + config.hidden_size * config.vocab_size)
 
 
 def flops_per_token(config, block_size: int, phase: str) -> float:
@@ -29,16 +30,17 @@ def flops_per_token(config, block_size: int, phase: str) -> float:
     Model FLOPs to train on one token, nanoGPT's estimate (PaLM appendix B): 6 per matmul weight for forward +
     backward, plus 12 * layers * width * context for attention scores, summed over towers. Embedding lookups are
     free; the tied decoder is counted through lm_head (the independent-towers control has one untied head per
-    tower instead of the fusion head). In the probe phase the frozen model only runs forward up to the towers
-    (2 per weight, 4 * layers * width * context) and only the probes train.
+    tower instead of the fusion head). In the probe phase the frozen towers ran once, before training, to cache
+    their features, so a step trains only the probes: 6 per weight of every probe (each replica of each tower),
+    per cached position.
     """
+    if phase == "probe":
+        return 6 * _probe_shaped_weights(config, config.num_probes, config.probe_type)
     attention = 0
     if config.tower_type != "lstm":
         attention = config.num_hidden_layers * config.num_towers * config.hidden_size * block_size
-    if phase == "probe":
-        return 2 * _tower_weights(config) + 4 * attention + 6 * _probe_shaped_weights(config)
     fusion_and_decoder = (config.fused_hidden_size + config.vocab_size) * config.embedding_size
-    head = fusion_and_decoder if config.cooperative else _probe_shaped_weights(config)
+    head = fusion_and_decoder if config.cooperative else _probe_shaped_weights(config, config.num_towers)
     return 6 * (_tower_weights(config) + head) + 12 * attention
 
 

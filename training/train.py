@@ -1,10 +1,10 @@
 """
 Train a two-tower language model (He & Toyoizumi 2022) with Accelerate, from raw text to a saved model.
 
-Phase `pretrain` (the paper's phase 1) trains the joint model; phase `probe` (phases 2 and 3) freezes it and
-trains one probe per tower. Options come from a recipe (training/recipes/*.yaml) overridden by `--key value`;
-`--help` lists them all. A run writes OUTPUT_DIR/model (the final model in the Hub layout),
-OUTPUT_DIR/checkpoints and OUTPUT_DIR/runs (TensorBoard).
+Phase `pretrain` (the paper's phase 1) trains the joint model; phase `probe` (phases 2 and 3) freezes it, runs its
+towers once over the data and trains `--probe_replicas` probes per tower on the cached features. Options come from
+a recipe (training/recipes/*.yaml) overridden by `--key value`; `--help` lists them all. A run writes
+OUTPUT_DIR/model (the final model in the Hub layout), OUTPUT_DIR/checkpoints and OUTPUT_DIR/runs (TensorBoard).
 
 One CPU, the tiny recipe (minutes):
     python -m twotower.training.train --recipe tiny --output_dir outputs/tiny \
@@ -30,8 +30,10 @@ Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first 
 import argparse
 import contextlib
 import math
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -44,34 +46,42 @@ from .checkpointing import load_checkpoint, resolve_resume_checkpoint, save_chec
 from .data import load_raw_datasets, make_dataloaders, split_blocks, tokenize_and_group
 from .early_stopping import EarlyStopping, monitored_loss
 from .hub import check_hub_token, push_to_hub
+from .linear_probes import check_linear_probes_fit, lbfgs_step
 from .objectives import SeededMaskingCollator, make_collators, prediction_targets
 from .phases import (
     build_model,
     final_model_and_state_dict,
     make_loss_function,
+    make_optimizer,
+    probe_runs,
     resolve_model_config,
     resolve_objective,
     trained_module,
     trained_state_dict,
-    weight_decay_groups,
+)
+from .probe_cache import (
+    CACHE_DIR,
+    batch_positions,
+    cache_both_splits,
+    process_counts,
+    replica_orders,
+    step_positions,
 )
 from .throughput import flops_per_token, measure_peak_flops, throughput_metrics
 from .tokenizer import build_tokenizer
-from .validation import evaluate, format_metrics
+from .validation import evaluate, evaluate_cached, format_metrics
 
 
-def get_dataloaders(
+def get_datasets(
     config: TwoTowerTrainingConfig, accelerator: Accelerator, objective: str, tower_type: str, resume_checkpoint=None
 ):
-    """Raw text -> tokenizer -> blocks of block_size tokens -> (tokenizer, train and validation DataLoaders)."""
+    """Raw text -> tokenizer -> blocks of block_size tokens: (tokenizer, train and validation blocks, collators)."""
     with accelerator.main_process_first():
         raw_datasets = load_raw_datasets(
             config.dataset_name, config.dataset_config_name, config.train_file, config.validation_file
         )
     tokenizer = build_tokenizer(config, raw_datasets["train"], accelerator, resume_checkpoint, objective == "masked")
-    train_collator, eval_collator = make_collators(
-        objective, tower_type, tokenizer, config.mlm_probability, config.seed
-    )
+    collators = make_collators(objective, tower_type, tokenizer, config.mlm_probability, config.seed)
     with accelerator.main_process_first():  # the main process tokenizes; the others read its cache
         lm_datasets = tokenize_and_group(
             raw_datasets, tokenizer, config.block_size, config.text_column_name,
@@ -81,11 +91,7 @@ def get_dataloaders(
             lm_datasets, config.block_size, config.validation_split_percentage,
             config.max_train_blocks, config.max_eval_blocks,
         )
-    train_dataloader, eval_dataloader = make_dataloaders(
-        lm_datasets, config.per_device_train_batch_size, config.per_device_eval_batch_size,
-        train_collator, eval_collator,
-    )
-    return tokenizer, train_dataloader, eval_dataloader
+    return tokenizer, lm_datasets, collators
 
 
 def accumulation_windows(batches, size: int):
@@ -100,12 +106,20 @@ def accumulation_windows(batches, size: int):
         yield window
 
 
+def count_targets(batch: dict, objective: str) -> torch.Tensor:
+    """Target tokens of a batch: its labelled positions (blocks), or the positions each probe reads (cached)."""
+    if "targets" in batch:  # [probes, n] cached positions, every one a target
+        return torch.tensor(batch["targets"].shape[1], device=batch["targets"].device)
+    return prediction_targets(batch["labels"], objective).ne(-100).sum()
+
+
 def train_step(accelerator, trained, window, loss_function, optimizer, lr_scheduler, max_grad_norm, objective):
-    """Forward/backward over one accumulation window, clip, step; returns (global token-mean loss, grad norm)."""
+    """
+    Forward/backward over one accumulation window, clip, step; returns (global token-mean loss, grad norm, global
+    count of target tokens).
+    """
     # Weigh every target token of the global batch equally: count them over the window and all processes.
-    num_items = accelerator.gather(
-        sum(prediction_targets(batch["labels"], objective).ne(-100).sum() for batch in window)
-    ).sum()
+    num_items = accelerator.gather(sum(count_targets(batch, objective) for batch in window)).sum()
     step_loss = 0.0
     for index, batch in enumerate(window):
         is_last = index == len(window) - 1
@@ -119,7 +133,7 @@ def train_step(accelerator, trained, window, loss_function, optimizer, lr_schedu
     optimizer.step()
     lr_scheduler.step()
     optimizer.zero_grad()
-    return accelerator.reduce(step_loss, "sum").item(), grad_norm
+    return accelerator.reduce(step_loss, "sum").item(), grad_norm, num_items.item()
 
 
 def training_function(config: TwoTowerTrainingConfig) -> dict:
@@ -135,6 +149,7 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     objective = resolve_objective(config, model_config)
     if config.push_to_hub:
         check_hub_token()
+    is_probe, is_linear = config.phase == "probe", config.phase == "probe" and config.probe_type == "linear"
 
     # Initialize the accelerator; the seedable sampler makes the data order a function of (seed, epoch)
     accelerator = Accelerator(
@@ -146,41 +161,55 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         dynamo_backend="inductor" if config.torch_compile else None,
     )
+    if is_linear:
+        check_linear_probes_fit(accelerator)
     set_seed(config.seed)  # before the model is built, so that the seed also controls the new weights
 
     # Data, model, optimizer: the whole model trains in pretraining, only the probes in the probe phase
-    tokenizer, train_dataloader, eval_dataloader = get_dataloaders(
+    tokenizer, lm_datasets, collators = get_datasets(
         config, accelerator, objective, model_config.tower_type, resume_checkpoint
     )
     model = build_model(config, model_config, tokenizer, objective)
     trained = trained_module(config, model, accelerator.device)
-    optimizer = torch.optim.AdamW(
-        weight_decay_groups(trained, config.weight_decay),
-        lr=config.learning_rate,
-        betas=(config.adam_beta1, config.adam_beta2),
-        eps=config.adam_epsilon,
-    )
+    optimizer = make_optimizer(config, trained)
 
-    # Scheduler: accelerate steps it once per process at every optimizer step, hence the factors. (An accelerate
-    # config may set the accumulation steps: the accelerator's value is the one in force.)
+    # Steps per epoch. Pretraining steps over windows of blocks (accelerate shards the batches and steps the
+    # scheduler once per process, hence the factors; an accelerate config may set the accumulation steps: the
+    # accelerator's value is the one in force). The probe phase runs the frozen towers once and steps over the
+    # cached positions of this process's blocks: batches of positions (mlp), or the full batch (linear, L-BFGS).
     accumulation_steps = accelerator.gradient_accumulation_steps
-    batches_per_process = math.ceil(len(train_dataloader) / accelerator.num_processes)
-    steps_per_epoch = math.ceil(batches_per_process / accumulation_steps)
+    eval_chunk = config.per_device_eval_batch_size * config.block_size  # cached positions per chunk, as in a batch
+    if is_probe:
+        caches = cache_both_splits(accelerator, model, lm_datasets, collators, objective, config)
+        steps_per_epoch = 1  # linear: an L-BFGS iteration reads the full batch
+        if not is_linear:
+            positions_per_step = batch_positions(accelerator, caches["train"], config)
+            # every process takes the same number of steps; the last of an epoch takes what its share has left
+            steps_per_epoch = math.ceil(min(process_counts(accelerator, len(caches["train"]))) / positions_per_step)
+        units_per_epoch = steps_per_epoch
+    else:
+        train_dataloader, eval_dataloader = make_dataloaders(
+            lm_datasets, config.per_device_train_batch_size, config.per_device_eval_batch_size, *collators
+        )
+        units_per_epoch = math.ceil(len(train_dataloader) / accelerator.num_processes)  # batches of this process
+        steps_per_epoch = math.ceil(units_per_epoch / accumulation_steps)
     max_train_steps = config.max_train_steps or config.num_train_epochs * steps_per_epoch
     num_epochs = math.ceil(max_train_steps / steps_per_epoch)
     lr_scheduler = get_scheduler(
-        config.lr_scheduler_type,
+        "constant" if is_linear else config.lr_scheduler_type,  # L-BFGS sizes its steps by line search, at lr 1
         optimizer=optimizer,
         num_warmup_steps=config.num_warmup_steps * accelerator.num_processes,
         num_training_steps=max_train_steps * accelerator.num_processes,
     )
 
     # Prepare everything (in the probe phase the frozen backbone stays outside, unwrapped)
-    trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
-        trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler
-    )
-    loss_function = make_loss_function(config, model, trained)
-    eval_model, probe_model = (trained, None) if config.phase == "pretrain" else (model, model)
+    if is_probe:
+        trained, optimizer, lr_scheduler = accelerator.prepare(trained, optimizer, lr_scheduler)
+    else:
+        trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+            trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+        )
+    loss_function = make_loss_function(config, trained)
 
     # Trackers and throughput accounting
     accelerator.init_trackers(config.phase, config=vars(config))
@@ -191,17 +220,45 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     tokens_per_batch = config.per_device_train_batch_size * config.block_size * accelerator.num_processes
 
     # Resume: weights, optimizer, scheduler and RNG states, and the position in the data
-    completed_steps, starting_epoch, batches_to_skip = 0, 0, 0
+    completed_steps, starting_epoch, units_to_skip = 0, 0, 0
     if resume_checkpoint is not None:
         progress = load_checkpoint(accelerator, resume_checkpoint, steps_per_epoch)
         completed_steps, starting_epoch = progress["completed_steps"], progress["epoch"]
-        batches_to_skip = progress["batches_into_epoch"]
+        units_to_skip = progress["batches_into_epoch"]
         accelerator.print(f"Resumed from {resume_checkpoint} at step {completed_steps}")
 
-    def checkpoint(name: str, epoch: int, batches_into_epoch: int):
-        progress = dict(completed_steps=completed_steps, epoch=epoch, batches_into_epoch=batches_into_epoch,
+    def checkpoint(name: str, epoch: int, units_into_epoch: int):
+        progress = dict(completed_steps=completed_steps, epoch=epoch, batches_into_epoch=units_into_epoch,
                         steps_per_epoch=steps_per_epoch)
         save_checkpoint(accelerator, name, progress, tokenizer, config, config.checkpoints_total_limit)
+
+    def epoch_windows(epoch: int, units_to_skip: int):
+        """The optimizer steps of `epoch` after the first `units_to_skip` (batches, or probe steps) already taken."""
+        if is_linear:
+            if not units_to_skip:  # an epoch is one step: the full batch
+                yield [caches["train"]]
+        elif is_probe:
+            orders = replica_orders(config.seed, epoch, config.probe_replicas, len(caches["train"]))
+            for step in range(units_to_skip, steps_per_epoch):
+                yield [caches["train"].replica_batch(step_positions(orders, step, steps_per_epoch, positions_per_step))]
+        else:
+            train_dataloader.set_epoch(epoch)
+            if isinstance(train_dataloader.collate_fn, SeededMaskingCollator):
+                # new masks every epoch, a function of (seed, epoch, block)
+                train_dataloader.collate_fn.set_epoch(epoch)
+            batches = train_dataloader
+            if units_to_skip:  # resuming mid-epoch: the same order (seed, epoch) minus the batches already seen
+                batches = accelerator.skip_first_batches(train_dataloader, units_to_skip)
+            yield from accumulation_windows(batches, accumulation_steps)
+
+    def step(window) -> tuple[float, float | None, int]:
+        """One optimizer step: (loss, gradient norm, tokens or positions it trained on)."""
+        if is_linear:
+            return lbfgs_step(accelerator, trained, window[0], optimizer, lr_scheduler, config.probe_l2, eval_chunk)
+        loss, grad_norm, num_items = train_step(
+            accelerator, trained, window, loss_function, optimizer, lr_scheduler, config.max_grad_norm, objective
+        )
+        return loss, grad_norm, num_items if is_probe else len(window) * tokens_per_batch
 
     # Early stopping keeps the best evaluation's weights on CPU; its count restarts when a run resumes
     early_stopping = None
@@ -212,11 +269,13 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
 
     def run_evaluation() -> dict:
         nonlocal frozen_joint_metrics
-        metrics = evaluate(
-            accelerator, eval_model, eval_dataloader, probe_model, config.probe_chunk_size, frozen_joint_metrics
-        )
-        if probe_model is not None:
+        if is_probe:
+            metrics = evaluate_cached(
+                accelerator, model, caches["validation"], eval_chunk, config.probe_chunk_size, frozen_joint_metrics
+            )
             frozen_joint_metrics = {name: metrics[name] for name in ("loss", "perplexity")}
+        else:
+            metrics = evaluate(accelerator, trained, eval_dataloader)
         accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=completed_steps)
         accelerator.print(f"step {completed_steps}: validation {format_metrics(metrics)}")
         if early_stopping is not None:
@@ -231,28 +290,24 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         disable=config.disable_tqdm or not accelerator.is_local_main_process,
     )
     train_losses, interval_losses, interval_tokens, eval_step, stopped_early = [], [], 0, None, False
+    converged = False  # linear probes: L-BFGS reached the gradient tolerance, or stopped making progress
+    epoch_checkpoints = not is_linear  # an L-BFGS epoch is one iteration: checkpoint every checkpointing_steps only
     interval_start = time.perf_counter()
     trained.train()
     for epoch in range(starting_epoch, num_epochs):
-        train_dataloader.set_epoch(epoch)
-        if isinstance(train_dataloader.collate_fn, SeededMaskingCollator):
-            train_dataloader.collate_fn.set_epoch(epoch)  # new masks every epoch, a function of (seed, epoch, block)
-        batches = train_dataloader
-        if batches_to_skip:  # resuming mid-epoch: the same order (seed, epoch) minus the batches already seen
-            batches = accelerator.skip_first_batches(train_dataloader, batches_to_skip)
-        batches_into_epoch, batches_to_skip = batches_to_skip, 0
-        for window in accumulation_windows(batches, accumulation_steps):
-            loss, grad_norm = train_step(
-                accelerator, trained, window, loss_function, optimizer, lr_scheduler, config.max_grad_norm, objective
-            )
+        units_into_epoch = units_to_skip
+        for window in epoch_windows(epoch, units_to_skip):
+            loss, grad_norm, tokens = step(window)
+            if is_linear:  # at the tolerance L-BFGS did not move; a loss that did not fall is float32's floor
+                converged = grad_norm <= config.probe_tolerance or bool(train_losses) and loss >= train_losses[-1]
             completed_steps += 1
-            batches_into_epoch += len(window)
-            interval_tokens += len(window) * tokens_per_batch
+            units_into_epoch += len(window)
+            interval_tokens += tokens
             train_losses.append(loss)
             interval_losses.append(loss)
             progress_bar.update(1)
 
-            if completed_steps % config.logging_steps == 0 or completed_steps == max_train_steps:
+            if completed_steps % config.logging_steps == 0 or completed_steps == max_train_steps or converged:
                 logs = {"loss": sum(interval_losses) / len(interval_losses), "lr": lr_scheduler.get_last_lr()[0],
                         "epoch": epoch}
                 logs |= throughput_metrics(interval_tokens, time.perf_counter() - interval_start,
@@ -265,20 +320,28 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
                 interval_losses, interval_tokens, interval_start = [], 0, time.perf_counter()
             if config.eval_steps and completed_steps % config.eval_steps == 0:
                 eval_metrics, eval_step = run_evaluation(), completed_steps
-            end_of_epoch = batches_into_epoch == batches_per_process
-            if config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0 and not end_of_epoch:
-                checkpoint(f"step_{completed_steps}", epoch, batches_into_epoch)
-            if completed_steps >= max_train_steps:
+            end_of_epoch = units_into_epoch == units_per_epoch
+            if config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0 and not (
+                end_of_epoch and epoch_checkpoints
+            ):
+                checkpoint(f"step_{completed_steps}", epoch, units_into_epoch)
+            if completed_steps >= max_train_steps or converged:
                 break
             if early_stopping is not None and early_stopping.should_stop:
                 stopped_early = True
                 break
-        if batches_into_epoch == batches_per_process:
+        units_to_skip = 0
+        if units_into_epoch == units_per_epoch and epoch_checkpoints:
             checkpoint(f"epoch_{epoch}", epoch + 1, 0)
-        if completed_steps >= max_train_steps or stopped_early:
+        if completed_steps >= max_train_steps or stopped_early or converged:
             break
     progress_bar.close()
-
+    if is_linear:
+        outcome = "converged" if grad_norm <= config.probe_tolerance else "not converged; raise --max_train_steps"
+        if converged and grad_norm > config.probe_tolerance:
+            outcome = "stopped: the objective no longer falls in float32"
+        accelerator.print(f"L-BFGS after {completed_steps} steps, largest gradient entry {grad_norm:.2e} "
+                          f"(tolerance {config.probe_tolerance:g}): {outcome}")
     # Evaluate the final weights (with early stopping: keep the best evaluation's), save them (Hub layout,
     # atomically), push
     if eval_step != completed_steps:
@@ -293,7 +356,10 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         accelerator.print(f"{reason}; keeping the weights of step {early_stopping.best_step} "
                           f"(loss {early_stopping.best_loss:.4f})")
     final_model, state_dict = final_model_and_state_dict(accelerator, config, model, trained, best_state)
-    model_dir = save_final_model(accelerator, final_model, state_dict, tokenizer, config)
+    records = {"probe_runs": probe_runs(config, model.config.num_towers)} if is_probe else None
+    model_dir = save_final_model(accelerator, final_model, state_dict, tokenizer, config, records)
+    if is_probe and accelerator.is_main_process:  # a disk cache is this run's working copy (a resumed run rebuilds it)
+        shutil.rmtree(Path(config.output_dir) / CACHE_DIR, ignore_errors=True)
     accelerator.end_training()
     accelerator.print(f"Saved the {config.phase} model to {model_dir}")
     if config.push_to_hub and accelerator.is_main_process:

@@ -1,4 +1,4 @@
-"""Validation loss and perplexity of the joint model and, in the probe phase, of each probe."""
+"""Validation loss and perplexity of the joint model and, in the probe phase, of each tower's probes."""
 
 import math
 
@@ -7,66 +7,80 @@ from torch.nn import functional as F
 
 from .objectives import objective_of, predicting_positions, prediction_targets
 
+def loss_and_perplexity(name: str, nll_sum: float, tokens: float) -> dict:
+    """{name: mean NLL, name with loss -> perplexity: its exp}; exp overflows past ~709, so it is capped."""
+    return {name: nll_sum / tokens, name.replace("loss", "perplexity"): math.exp(min(nll_sum / tokens, 700.0))}
+
 
 @torch.no_grad()
-def evaluate(
-    accelerator,
-    model,
-    eval_dataloader,
-    probe_model=None,
-    probe_chunk_size: int | None = None,
-    joint_metrics: dict | None = None,
-) -> dict:
+def evaluate(accelerator, model, eval_dataloader) -> dict:
     """
-    Token-weighted mean loss of the model's objective (next token, or masked tokens) over the whole validation
-    set (exact under sharding: per-sequence sums go through gather_for_metrics, which drops the padding samples
-    of the last batch).
-
-    Returns {"loss", "perplexity"} of the joint model, plus "probe_{i}_loss" / "probe_{i}_perplexity" for each
-    tower's probe when `probe_model` (the unwrapped model holding the probes) is given. In the probe phase the
-    joint model is frozen: pass its `joint_metrics` from an earlier evaluation and only the probes are evaluated.
+    {"loss", "perplexity"}: token-weighted mean loss of the model's objective (next token, or masked tokens) over
+    the whole validation set (exact under sharding: per-sequence sums go through gather_for_metrics, which drops
+    the padding samples of the last batch).
     """
-    if joint_metrics is not None and probe_model is None:
-        raise ValueError("`joint_metrics` replaces the joint model's evaluation only when probes are evaluated.")
     model.eval()
     objective = objective_of(accelerator.unwrap_model(model).config)
     totals = None
     for batch in eval_dataloader:
         targets = prediction_targets(batch["labels"], objective)  # [batch, seq - shift]
-        columns = [targets.ne(-100).sum(-1)]  # tokens, then each NLL sum: [batch] each
         with accelerator.autocast():
-            if probe_model is None:
-                logits = model(input_ids=batch["input_ids"]).logits
-            else:  # one pass of the frozen towers serves the joint model and the probes
-                features = probe_model.probe_features(batch["input_ids"])
-                logits = probe_model.logits_from_probe_features(features) if joint_metrics is None else None
-                features = predicting_positions(features, objective, seq_dim=2)
-                gold_logprobs = probe_model.probes(features, targets, probe_chunk_size)  # [towers, batch, seq - shift]
-        if logits is not None:
-            logits = predicting_positions(logits, objective, seq_dim=1)
-            nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none", ignore_index=-100)
-            columns.append(nll.view(targets.shape).sum(-1))
-        if probe_model is not None:
-            columns.extend(-gold_logprobs.sum(-1))  # one probe's NLL per column
-        sums = accelerator.gather_for_metrics(torch.stack(columns, dim=1).double()).sum(0)
+            logits = predicting_positions(model(input_ids=batch["input_ids"]).logits, objective, seq_dim=1)
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none", ignore_index=-100)
+        sums = torch.stack([targets.ne(-100).sum(-1), nll.view(targets.shape).sum(-1)], dim=1).double()  # [batch, 2]
+        sums = accelerator.gather_for_metrics(sums).sum(0)
         totals = sums if totals is None else totals + sums
-    tokens, *nll_sums = totals.tolist()
-    names = [] if joint_metrics is not None else ["loss"]
-    names += [f"probe_{index}_loss" for index in range(len(nll_sums) - len(names))]
-    metrics = {name: joint_metrics[name] for name in ("loss", "perplexity")} if joint_metrics is not None else {}
-    for name, nll_sum in zip(names, nll_sums):
-        metrics[name] = nll_sum / tokens
-        metrics[name.replace("loss", "perplexity")] = math.exp(min(nll_sum / tokens, 700.0))  # exp overflows past ~709
+    tokens, nll_sum = totals.tolist()
+    return loss_and_perplexity("loss", nll_sum, tokens)
+
+
+@torch.no_grad()
+def evaluate_cached(
+    accelerator, model, cache, chunk_positions: int, probe_chunk_size: int | None = None,
+    joint_metrics: dict | None = None,
+) -> dict:
+    """
+    Metrics of the probes of `model` (unwrapped) on the cached validation positions of every process (each caches a
+    disjoint share, so the sums are exact), in chunks of `chunk_positions`.
+
+    Returns "probe_{t}_loss" / "probe_{t}_perplexity" per tower (the mean NLL over its replicas), with more than one
+    replica also "probe_{t}_replica_{r}_loss" / "..._perplexity", and the joint model's "loss" / "perplexity". The
+    joint model is frozen in the probe phase: pass its `joint_metrics` from an earlier evaluation to reuse them.
+    """
+    num_towers, num_replicas = model.config.num_towers, model.probes.num_replicas
+    probe_sums = torch.zeros(model.probes.num_probes, dtype=torch.float64, device=accelerator.device)
+    joint_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    for start in range(0, len(cache), chunk_positions):
+        features, targets = cache.chunk(start, start + chunk_positions)  # [towers, n, hidden], [n]
+        with accelerator.autocast():
+            probe_sums -= model.probes.score_positions(features, targets, probe_chunk_size).sum(-1).double()
+            if joint_metrics is None:
+                logits = model.logits_from_probe_features(features.unsqueeze(1))[0]  # [n, vocab]
+        if joint_metrics is None:
+            joint_sum += F.cross_entropy(logits.float(), targets, reduction="sum").double()
+    tokens = torch.tensor([len(cache)], dtype=torch.float64, device=accelerator.device)
+    totals = accelerator.reduce(torch.cat([tokens, joint_sum.view(1), probe_sums]), "sum")
+    tokens, joint_sum, *probe_sums = totals.tolist()
+
+    metrics = dict(joint_metrics) if joint_metrics is not None else loss_and_perplexity("loss", joint_sum, tokens)
+    for tower in range(num_towers):
+        replica_sums = probe_sums[tower * num_replicas : (tower + 1) * num_replicas]
+        metrics |= loss_and_perplexity(f"probe_{tower}_loss", sum(replica_sums) / num_replicas, tokens)
+        if num_replicas > 1:
+            for replica, nll_sum in enumerate(replica_sums):
+                metrics |= loss_and_perplexity(f"probe_{tower}_replica_{replica}_loss", nll_sum, tokens)
     return metrics
 
 
 def format_metrics(metrics: dict) -> str:
-    """One line: the joint model's loss and perplexity, then each probe's next to it."""
+    """One line: the joint model's loss and perplexity, then each tower's probes (and their replicas) next to it."""
     parts = [f"joint model loss {metrics['loss']:.4f} ppl {metrics['perplexity']:.2f}"]
-    probe = 0
-    while f"probe_{probe}_loss" in metrics:
-        parts.append(
-            f"probe {probe} loss {metrics[f'probe_{probe}_loss']:.4f} ppl {metrics[f'probe_{probe}_perplexity']:.2f}"
-        )
-        probe += 1
+    tower = 0
+    while f"probe_{tower}_loss" in metrics:
+        part = f"probe {tower} loss {metrics[f'probe_{tower}_loss']:.4f} ppl {metrics[f'probe_{tower}_perplexity']:.2f}"
+        replicas = []
+        while f"probe_{tower}_replica_{len(replicas)}_loss" in metrics:
+            replicas.append(f"{metrics[f'probe_{tower}_replica_{len(replicas)}_loss']:.4f}")
+        parts.append(part + (f" (replicas {', '.join(replicas)})" if replicas else ""))
+        tower += 1
     return " | ".join(parts)

@@ -33,13 +33,26 @@ the share of types whose preference is significant after Benjamini-Hochberg, the
 bimodality coefficient of the preference distribution, and each tower's top token types. When one tower
 is better overall, every type's preference shifts by the same global offset (with two towers, the difference
 of the probes' log perplexities); the metric always reports it, and `center=True` subtracts it before testing.
+
+A second probe trained on the same tower disagrees with the first about as much as the two towers' probes do,
+so with one probe per tower the per-type test mostly tells one probe from another. Pass several probe
+replicas per tower (other seeds or data orders) with `probe_towers`, and the per-type test takes the replica
+as its unit of replication: paired by training run when `probe_runs` says which probes were trained together
+(their shared per-type error cancels in the tower contrast), pooled within towers otherwise, with the replica
+variances of all eligible types shrunk towards a common prior (a moderated t-test, Smyth 2004). `reliability`
+is the share of the across-type variance of the preference that is a difference between towers rather than
+between replicas (about 0 for probe noise alone, about 1 when replicas agree), with a bootstrap interval over
+token types, and `two_tower_difference_nats` (probes of two towers) stands next to `same_tower_floor_nats`
+(probes of one tower). The occurrence-level test, on each tower's replica-mean log-probability, is kept under
+`occurrence_*`.
 """
 
 _KWARGS_DESCRIPTION = """
 Args:
     token_ids (`list` of `int`): the gold token id of each prediction (>= 0; drop ignored positions).
     gold_logprobs (`list` of `list` of `float`): for each prediction, each tower probe's log-probability
-        of the gold token, one value per tower (at least 2 towers; values <= 0, finite).
+        of the gold token, one value per tower (at least 2 towers; values <= 0, finite); with probe_towers,
+        one value per probe replica.
     alpha (`float`, defaults to 0.05): false discovery rate of the Benjamini-Hochberg procedure.
     min_count (`int`, defaults to 10): token types seen fewer times are listed per type but excluded from
         the shares, significance, split-half consistency, bimodality and top tokens (>= 2).
@@ -47,7 +60,12 @@ Args:
     center (`bool`, defaults to False): subtract each tower's global offset from every type's preference
         (and its split halves) before the preferred tower, p-values, significance and summary are computed,
         so a tower that is better overall does not make every type prefer it. mean_logprob and
-        standard_error are unchanged.
+        standard_error are unchanged. With probe_towers, each probe's mean log-probability over all
+        predictions is subtracted from its per-type means first.
+    probe_towers (`list` of `int`, optional): the tower (0 to num_towers - 1) each probe replica reads, one
+        per value of a gold_logprobs row, at least 2 per tower. Turns on the replica-level test.
+    probe_runs (`list` of `int`, optional): the training run each probe comes from; every run must hold one
+        probe of every tower. Pairs the probes of a run in the replica-level test.
 Returns:
     Summary (numbers; lists have one entry per tower):
     num_towers, num_predictions, num_token_types, num_eligible_types (count >= min_count), num_excluded_types,
@@ -63,6 +81,18 @@ Returns:
     Per token type (observed types in increasing id order):
     token_ids, count, mean_logprob [towers][types], preference_nats [towers][types] (minus the offset if centered),
     standard_error [towers][types], preferred_tower, p_value, eligible, significant.
+    With probe_towers, mean_logprob and preference_nats are those of each tower's replica mean; standard_error,
+    p_value, significant, num_significant, significant_share and num_significant_preferring are the replica-level
+    test's; and there is more. Summary: test ("replica"), occurrence_num_significant, occurrence_significant_share,
+    occurrence_num_significant_preferring (the occurrence-level test of the replica means), num_probes,
+    probe_towers, probe_runs (None when unpaired), paired, replicas_per_tower, reliability (1 - mean squared
+    replica-level standard error / variance of the preference over eligible types; may dip below 0 by chance),
+    reliability_ci (95% percentile bootstrap over token types), reliability_single_probe (stepped down to one
+    probe per tower by Spearman-Brown), prior_df (None when infinite), prior_variance, residual_df,
+    two_tower_difference_nats, same_tower_floor_nats (mean over eligible types of the mean |difference| of the
+    per-type mean log-probs of two probes from two runs, of two towers or of one tower). Per token type:
+    probe_mean_logprob [probes][types], occurrence_standard_error [towers][types], occurrence_p_value,
+    occurrence_significant, two_tower_difference_per_type_nats, same_tower_difference_per_type_nats.
 Examples:
     Token 11 is predicted better by tower 0, token 12 by tower 1:
 
@@ -89,6 +119,37 @@ Examples:
     >>> results = tower_preference.compute(min_count=2)
     >>> print(results["count"], [round(p, 2) for p in results["preference_nats"][1]], results["num_eligible_types"])
     [3, 2] [-0.5, 0.2] 2
+
+    Three probe replicas per tower, with probe noise alone: each probe has its own per-type error and the
+    towers do not differ. The occurrence-level test flags most types; the replica-level test none:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> token_ids = np.repeat(np.arange(200), 30)  # 200 token types, 30 occurrences each
+    >>> difficulty = -rng.uniform(4.0, 8.0, 200)[token_ids] + rng.normal(0.0, 1.0, token_ids.size)  # all probes
+    >>> probe_error = rng.normal(0.0, 0.3, (6, 200))  # [probes, types]: each probe's own per-type error
+    >>> gold_logprobs = difficulty + probe_error[:, token_ids] + rng.normal(0.0, 0.3, (6, token_ids.size))
+    >>> results = tower_preference.compute(
+    ...     token_ids=token_ids.tolist(), gold_logprobs=gold_logprobs.T.tolist(), probe_towers=[0, 0, 0, 1, 1, 1]
+    ... )
+    >>> print(results["occurrence_significant_share"], results["significant_share"])
+    0.7 0.0
+    >>> print(round(results["reliability"], 2), [round(bound, 2) for bound in results["reliability_ci"]])
+    -0.01 [-0.28, 0.19]
+    >>> print(round(results["two_tower_difference_nats"], 2), round(results["same_tower_floor_nats"], 2))
+    0.35 0.35
+
+    The same probes on towers that really differ: tower 0 gains 0.5 nats on some types and tower 1 on the others:
+
+    >>> tower_effect = rng.choice([-0.5, 0.5], 200)  # per type: tower 0's gain, tower 1's loss
+    >>> gold_logprobs += np.repeat([tower_effect, -tower_effect], 3, axis=0)[:, token_ids]
+    >>> results = tower_preference.compute(
+    ...     token_ids=token_ids.tolist(), gold_logprobs=gold_logprobs.T.tolist(), probe_towers=[0, 0, 0, 1, 1, 1]
+    ... )
+    >>> print(results["significant_share"], round(results["reliability"], 2))
+    0.95 0.94
+    >>> print(round(results["two_tower_difference_nats"], 2), round(results["same_tower_floor_nats"], 2))
+    1.01 0.35
 """
 
 _CITATION = """
@@ -97,6 +158,15 @@ _CITATION = """
   author={He, Zhengqi and Toyoizumi, Taro},
   journal={arXiv preprint arXiv:2210.07041},
   year={2022}
+}
+@article{smyth2004linear,
+  title={Linear Models and Empirical Bayes Methods for Assessing Differential Expression in Microarray Experiments},
+  author={Smyth, Gordon K.},
+  journal={Statistical Applications in Genetics and Molecular Biology},
+  volume={3},
+  number={1},
+  pages={Article 3},
+  year={2004}
 }
 @article{benjamini1995controlling,
   title={Controlling the False Discovery Rate: A Practical and Powerful Approach to Multiple Testing},
@@ -126,14 +196,19 @@ class TowerPreference(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2210.07041"],
         )
 
-    def _compute(self, token_ids, gold_logprobs, alpha=0.05, min_count=10, top_k=20, center=False):
+    def _compute(
+        self, token_ids, gold_logprobs, alpha=0.05, min_count=10, top_k=20, center=False, probe_towers=None,
+        probe_runs=None,
+    ):
         num_logprobs = sorted({len(row) for row in gold_logprobs})
         if len(num_logprobs) > 1:
             raise ValueError(
-                f"every prediction needs one log-probability per tower; got rows of lengths {num_logprobs}."
+                "every prediction needs one log-probability per tower (per probe, with probe_towers); got rows of "
+                f"lengths {num_logprobs}."
             )
-        gold_logprobs = np.asarray(gold_logprobs, dtype=np.float64).T  # the core takes [towers, predictions]
+        gold_logprobs = np.asarray(gold_logprobs, dtype=np.float64).T  # the core takes [towers or probes, predictions]
         result = compute_preference(
-            token_ids, gold_logprobs, alpha=alpha, min_count=min_count, top_k=top_k, center=center
+            token_ids, gold_logprobs, alpha=alpha, min_count=min_count, top_k=top_k, center=center,
+            probe_towers=probe_towers, probe_runs=probe_runs,
         )
         return result.to_dict()
