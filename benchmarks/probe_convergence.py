@@ -69,9 +69,11 @@ def main(argv=None):
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--probe_replicas", type=int, default=4)
-    parser.add_argument("--max_train_blocks", type=int, default=640)
+    parser.add_argument("--max_train_blocks", type=int, default=1024, help="cached blocks (the tiny_probe recipe's)")
     parser.add_argument("--max_score_blocks", type=int, default=512)
-    parser.add_argument("--linear", action="store_true", help="also train linear probes and correlate them")
+    parser.add_argument("--linear", action="store_true", help="also train a linear probe per tower and correlate")
+    parser.add_argument("--linear_train_blocks", type=int, default=384, help="a full-batch L-BFGS pass reads all")
+    parser.add_argument("--linear_steps", type=int, default=150, help="L-BFGS iterations at most")
     args = parser.parse_args(argv)
     data_dir, output_dir = Path(args.data_dir), Path(args.output_dir)
     data = {
@@ -93,7 +95,10 @@ def main(argv=None):
         rows.append(row(name, reports[name], seconds))
         print(json.dumps(rows[-1]), flush=True)
     if args.linear:
-        options = {**data, "probe_type": "linear", "probe_replicas": 2, "eval_steps": None}
+        options = {
+            **data, "probe_type": "linear", "probe_replicas": 1, "max_train_blocks": args.linear_train_blocks,
+            "max_train_steps": args.linear_steps, "eval_steps": None, "early_stopping_patience": None,
+        }
         model_dir, seconds = probe_run(output_dir / "linear", options)
         reports["linear"] = scored(model_dir, output_dir / "linear-report", data["validation_file"], args.max_score_blocks)
         rows.append(row("linear", reports["linear"], seconds))

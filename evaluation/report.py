@@ -292,6 +292,19 @@ def _replica_verdict(summary):
     )
 
 
+def _power_note(summary):
+    """Why a reliable preference can leave no single type significant: too few replicas for a per-type test."""
+    low = summary["reliability_ci"][0]
+    if summary["num_significant"] or low is None or low <= 0.0:
+        return ""
+    borrowed = "" if summary["prior_df"] is None else f" (and {summary['prior_df']:.1f} borrowed from the other types)"
+    return (
+        f" No single type passes the per-type test, though: each type is tested against its own replica noise, "
+        f"estimated on {summary['residual_df']} degree(s) of freedom{borrowed}, too little to single out a type "
+        f"among {summary['num_eligible_types']}; more replicas (`--probe_replicas`) give the per-type test its power."
+    )
+
+
 def _replica_lines(summary):
     """The section that leads a report with probe replicas: is the per-type preference the towers' or the probes'?"""
     low, high = summary["reliability_ci"]
@@ -313,7 +326,7 @@ def _replica_lines(summary):
         f"{_number(summary['same_tower_floor_nats'])} nats (mean absolute difference per type between probes of "
         "two towers, and between probes of one tower)",
         "",
-        _replica_verdict(summary),
+        _replica_verdict(summary) + _power_note(summary),
         "",
         f"![same-tower floor against two-tower difference]({REPLICA_PLOTS['preference_vs_floor']})",
         "",

@@ -123,6 +123,20 @@ def test_probe_noise_alone_reads_as_probe_noise(tmp_path):
     assert f"0 of {result.summary['num_eligible_types']} eligible types" in leading
 
 
+def test_a_reliable_preference_with_two_runs_explains_why_no_type_passes(tmp_path):
+    # two paired runs: a real but small effect is reliable over types, while each type has 1 residual df
+    token_ids, gold_logprobs = replica_predictions(2, tower_nats=0.3)  # this seed's prior has finite df
+    two_runs = [0, 1, 3, 4]  # runs 0 and 1 of both towers
+    result = compute_preference(
+        token_ids, gold_logprobs[two_runs], min_count=MIN_COUNT, probe_towers=[0, 0, 1, 1], probe_runs=[0, 1, 0, 1]
+    )
+    summary = result.summary
+    assert summary["residual_df"] == 1 and summary["reliability_ci"][0] > 0.0 and summary["num_significant"] == 0
+    leading = section(write(tmp_path, result, {"joint": 12.5, "probes": [20.0, 21.0]}), "Tower or probe?")
+    assert "No single type passes the per-type test" in leading
+    assert f"1 degree(s) of freedom (and {summary['prior_df']:.1f} borrowed from the other types)" in leading
+
+
 def test_one_probe_per_tower_keeps_the_plain_report(tmp_path):
     token_ids, gold_logprobs = replica_predictions(2, tower_nats=0.8)
     tower_mean = np.stack([gold_logprobs[:3].mean(axis=0), gold_logprobs[3:].mean(axis=0)])
