@@ -49,8 +49,8 @@ PIPELINE_TAGS = {"causal": "text-generation", "masked": "fill-mask"}
 TASK_NAMES = {"causal": "Causal language modeling", "masked": "Masked language modeling"}
 PHASE_DESCRIPTIONS = {
     "pretrain": "the joint model (the paper's phase 1): every weight trained on {loss}.",
-    "probe": "the joint model frozen; one probe per tower trained on that tower's features alone (the paper's "
-    "phases 2 and 3, run together over one frozen forward pass).",
+    "probe": "the joint model frozen; probes (one or more replicas per tower) trained on each tower's features "
+    "alone (the paper's phases 2 and 3, run together on features the frozen towers computed once).",
 }
 
 
