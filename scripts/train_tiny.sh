@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: install (see scripts/install.sh), then the tiny recipe on a local corpus:
 # pretrain the joint two-tower model, train one probe per tower, and score tower preference on the
-# validation text. Usage: bash scripts/train_tiny.sh [WIKITEXT_DIR] [OUTPUT_DIR]
+# validation text. Usage: bash scripts/train_tiny.sh [CORPUS_DIR] [OUTPUT_DIR], where CORPUS_DIR holds train.txt
+# and valid.txt (default: data/tiny-shakespeare, shipped with the repository; e.g. ../shared/data/wikitext-2).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-data="$(cd "${1:-$repo/../shared/data/wikitext-2}" && pwd)"
+data="$(cd "${1:-$repo/data/tiny-shakespeare}" && pwd)"
 out="${2:-$repo/outputs/tiny}"
 # shellcheck source=install.sh
 . "$repo/scripts/install.sh"
