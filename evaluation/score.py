@@ -22,7 +22,6 @@ One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat
 
 import dataclasses
 import json
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from twotower.training.data import collate_blocks, load_raw_datasets, split_bloc
 from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
 from twotower.training.phases import MODEL_CLASSES
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
+from twotower.training.validation import perplexity
 
 from .report import write_report
 from .tower_preference.preference_stats import PreferenceAccumulator, ReplicaPreferenceAccumulator
@@ -290,14 +290,10 @@ def score_blocks(
 def probe_perplexities(probe_mean_nll, num_towers):
     """{"probes": [per tower, from its replicas' mean NLL]} plus "probe_replicas" ([per replica] per tower) if any."""
     per_tower = np.asarray(probe_mean_nll).reshape(num_towers, -1)
-    perplexity = {"probes": [_perplexity(nll) for nll in per_tower.mean(axis=1)]}
+    perplexities = {"probes": [perplexity(nll) for nll in per_tower.mean(axis=1)]}
     if per_tower.shape[1] > 1:
-        perplexity["probe_replicas"] = [[_perplexity(nll) for nll in replicas] for replicas in per_tower]
-    return perplexity
-
-
-def _perplexity(mean_nll):
-    return math.exp(min(mean_nll, 700.0))  # exp overflows past ~709
+        perplexities["probe_replicas"] = [[perplexity(nll) for nll in replicas] for replicas in per_tower]
+    return perplexities
 
 
 def _data_description(args):
@@ -373,7 +369,7 @@ def score_model(model_dir, output_dir, **options):
         "settings": {field: getattr(args, field) for field in SETTINGS_FIELDS}
         | {"objective": objective, "masking": masking_description(objective, tower_type, args.mask_passes)}
         | {"device": device.type},
-        "perplexity": {"joint": _perplexity(mean_nll["joint"])}
+        "perplexity": {"joint": perplexity(mean_nll["joint"])}
         | probe_perplexities(mean_nll["probes"], model.config.num_towers),
     }
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())

@@ -7,9 +7,14 @@ from torch.nn import functional as F
 
 from .objectives import objective_of, predicting_positions, prediction_targets
 
+def perplexity(mean_nll: float) -> float:
+    """exp(mean NLL), capped where exp would overflow (past ~709)."""
+    return math.exp(min(mean_nll, 700.0))
+
+
 def loss_and_perplexity(name: str, nll_sum: float, tokens: float) -> dict:
-    """{name: mean NLL, name with loss -> perplexity: its exp}; exp overflows past ~709, so it is capped."""
-    return {name: nll_sum / tokens, name.replace("loss", "perplexity"): math.exp(min(nll_sum / tokens, 700.0))}
+    """{name: mean NLL, name with loss -> perplexity: its exp}."""
+    return {name: nll_sum / tokens, name.replace("loss", "perplexity"): perplexity(nll_sum / tokens)}
 
 
 @torch.no_grad()
