@@ -4,6 +4,8 @@ from pathlib import Path
 
 from setuptools import setup
 
+DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-python>=1.10"]
+
 setup(
     name="twotower",
     version="0.1.0",
@@ -18,7 +20,7 @@ setup(
     package_dir={"twotower.training": "training", "twotower.evaluation": "evaluation"},
     package_data={
         "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],
-        "twotower.evaluation": ["lm_eval_task/*.py", "study_recipes/*.yaml"],
+        "twotower.evaluation": ["lm_eval_task/*.py", "study_recipes/*.yaml", "templates/*.j2"],
         "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py"],
     },
     install_requires=[
@@ -34,12 +36,17 @@ setup(
         "numpy>=1.26",
         "scipy>=1.11",
         "pandas>=2.0",
+        "tabulate>=0.9",  # pandas' DataFrame.to_markdown (the study report's tables)
         "matplotlib>=3.8",
         "tensorboard>=2.15",
         "pyyaml>=6.0",
         "tqdm>=4.66",
     ],
-    extras_require={"lm-eval": ["lm-eval>=0.4.13,<0.5"], "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5"]},
+    extras_require={
+        "lm-eval": ["lm-eval>=0.4.13,<0.5"],
+        "docs": DOCS_REQUIRES,
+        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", *DOCS_REQUIRES],  # the suite builds the docs site
+    },
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

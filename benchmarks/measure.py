@@ -15,10 +15,8 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from twotower.training.throughput import measure_peak_flops
+from twotower.training.throughput import measure_peak_flops, resolve_peak_flops
 
-# Dense bf16 peaks from the vendors' datasheets (TFLOP/s), matched in order against torch's device name.
-GPU_BF16_PEAK_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.5), ("H100", 989.4), ("A100", 312.0))
 INITIAL_PEAK_MEASUREMENTS = 3  # matmul timings before the run; one more after every timing round
 
 
@@ -137,28 +135,20 @@ def peak_memory_bytes(call: Callable[[], object], device: torch.device, existing
 
 class PeakFlops:
     """
-    The peak FLOP/s that MFU divides by: given, the datasheet bf16 peak of a known GPU, or else the best rate of
-    a square matmul measured so far in the run (`sample()` measures again; other processes only slow it down).
+    The peak FLOP/s that MFU divides by (`resolve_peak_flops` for bf16 on accelerators, fp32 on CPUs, most of which
+    have no fast bf16 matmul): given, the datasheet peak of a known GPU, or else the best rate of a square matmul
+    measured so far in the run (`sample()` measures again; other processes only slow it down).
     """
 
     def __init__(self, device: torch.device, peak_tflops: float | None = None):
         self.device = device
-        self.is_measured = False
-        if peak_tflops is not None:
-            self.value, self.source = peak_tflops * 1e12, "given with --peak_tflops"
-            return
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-        for key, tflops in GPU_BF16_PEAK_TFLOPS:
-            if key in name:
-                self.value, self.source = tflops * 1e12, f"{key} dense bf16 peak (datasheet)"
-                return
-        self.is_measured = True
-        # bf16 on accelerators; fp32 on CPUs, most of which have no fast bf16 matmul
         self.dtype = torch.bfloat16 if device.type != "cpu" else torch.float32
-        self.source = f"measured: best {str(self.dtype)[6:]} square-matmul rate of the run"
-        self.value = 0.0
-        for _ in range(INITIAL_PEAK_MEASUREMENTS):
-            self.sample()
+        self.value, self.source = resolve_peak_flops(device, self.dtype, peak_tflops)
+        self.is_measured = self.source.startswith("measured")
+        if self.is_measured:
+            self.source = f"measured: best {str(self.dtype)[6:]} square-matmul rate of the run"
+            for _ in range(INITIAL_PEAK_MEASUREMENTS - 1):
+                self.sample()
 
     def sample(self) -> None:
         if self.is_measured:

@@ -24,6 +24,7 @@ from twotower.evaluation.score import score_model
 from twotower.evaluation.tower_preference.preference_stats import compare_preferences
 from twotower.training.arguments import load_config
 from twotower.training.checkpointing import FINAL_MODEL_DIR
+from twotower.training.run_folder import continuation_options
 from twotower.training.train import training_function
 
 SUMMARY_KEYS = (
@@ -41,6 +42,7 @@ def probe_run(output_dir: Path, options: dict) -> tuple[Path, float | None]:
     model_dir = output_dir / FINAL_MODEL_DIR
     if (model_dir / "config.json").is_file():
         return model_dir, None
+    options = {**options, **continuation_options(output_dir)}
     config = dataclasses.replace(load_config("tiny_probe"), output_dir=str(output_dir), **options)
     start = time.perf_counter()
     training_function(config)

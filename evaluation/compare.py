@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from twotower.training.atomic import write_text_atomically
+from twotower.training.cli import run
+from twotower.training.errors import TwoTowerUserError
 
 from .report import eligible_preferences, load_report, plot_preference_comparison
 from .tower_preference.preference_stats import compare_preferences
@@ -28,7 +30,7 @@ def _check_same_tokenizer(ids_a, tokens_a, ids_b, tokens_b):
     strings_b = dict(zip(ids_b.tolist(), tokens_b))
     for token_id, token in zip(ids_a.tolist(), tokens_a):
         if token_id in strings_b and strings_b[token_id] != token:
-            raise ValueError(
+            raise TwoTowerUserError(
                 f"token id {token_id} is {token!r} in the first report but {strings_b[token_id]!r} in the second: the "
                 "models use different tokenizers, so their per-token preferences cannot be matched."
             )
@@ -73,4 +75,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -81,4 +81,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from twotower.training.cli import run
+
+    run(lambda argv: main())  # main reads sys.argv, which run leaves without --debug

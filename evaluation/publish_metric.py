@@ -16,8 +16,10 @@ import os
 import shutil
 from pathlib import Path
 
+from twotower.training.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
+from twotower.training.cli import run
+from twotower.training.errors import TwoTowerUserError
 from twotower.training.hub import push_to_hub
-from twotower.training.atomic import fresh_staging_folder, replace_folder
 from twotower.training.publish import describe_folder
 
 METRIC_NAME = "tower_preference"
@@ -36,10 +38,18 @@ def stage_metric_space(output_dir: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{METRIC_DIR} lacks {missing}; publish from a complete twotower checkout.")
     final = Path(output_dir).resolve() / METRIC_NAME
     if final == METRIC_DIR:
-        raise ValueError(f"--output_dir {str(output_dir)!r} would replace the metric's own folder; stage elsewhere.")
+        raise TwoTowerUserError(
+            f"--output_dir {str(output_dir)!r} would replace the metric's own folder; stage elsewhere."
+        )
     tmp = fresh_staging_folder(final)
-    for name in SPACE_FILES:
-        shutil.copyfile(METRIC_DIR / name, tmp / name)
+    try:
+        for name in SPACE_FILES:
+            shutil.copyfile(METRIC_DIR / name, tmp / name)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(error):
+            raise disk_full_error(final, tmp) from error
+        raise
     replace_folder(tmp, final)
     return final
 
@@ -55,7 +65,7 @@ def publish_metric(
 ) -> dict:
     """Stage the Space, then upload it unless `dry_run`; returns {"folder", "files", "commit_url"}."""
     if repo_id.count("/") != 1 or repo_id.split("/")[1] != METRIC_NAME:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"--repo_id {repo_id!r} must be `user/{METRIC_NAME}`: evaluate.load finds the script by the Space's name."
         )
     folder = stage_metric_space(output_dir)
@@ -90,4 +100,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,6 +1,6 @@
 """The report folder of a scored model: preference.json, a per-token table, PNG plots and report.md.
 
-Layout (every file written atomically: a temporary file in the same folder, then os.replace):
+Layout (written into a staging folder, then moved in: a failed write leaves no partial report):
 
     preference.json             {"model", "data", "settings", "perplexity": {"joint", "probes"}, "summary"}
     preference_per_token.csv    one row per observed token type (see PER_TOKEN_COLUMNS)
@@ -19,6 +19,8 @@ tower), and report.md leads with whether the per-type preference belongs to the 
 
 import itertools
 import json
+import os
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -30,12 +32,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
+from twotower.training.atomic import disk_full_error, is_disk_full  # noqa: E402
 from twotower.training.atomic import write_atomically, write_text_atomically  # noqa: E402
 
 
 PREFERENCE_JSON = "preference.json"
 PER_TOKEN_CSV = "preference_per_token.csv"
 REPORT_MD = "report.md"
+STAGING_DIR = ".report.tmp"  # inside the report folder: where a report is written before its files move in
 PLOTS = {
     "logprob_scatter": "logprob_scatter.png",
     "preference_histogram": "preference_histogram.png",
@@ -424,20 +428,39 @@ def render_markdown(report, table):
 
 
 def write_report(output_dir, report, result, tokens):
-    """Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity."""
+    """
+    Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity.
+
+    Every file is written into a staging folder first and moved in only once all are written: a failure (a full
+    disk) leaves neither a partial report nor the staging folder behind.
+    """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    report = {**report, "summary": result.summary}
-    table = per_token_table(result, tokens)
-    write_text_atomically(output_dir / PREFERENCE_JSON, json.dumps(report, indent=2, allow_nan=False) + "\n")
-    write_atomically(output_dir / PER_TOKEN_CSV, lambda tmp: table.to_csv(tmp, index=False))
-    plot_logprob_scatter(table, output_dir / PLOTS["logprob_scatter"])
-    plot_preference_histogram(table, output_dir / PLOTS["preference_histogram"])
-    plot_preference_vs_frequency(table, output_dir / PLOTS["preference_vs_frequency"])
-    if result.summary.get("test") == "replica":
-        plot_preference_vs_floor(table, output_dir / REPLICA_PLOTS["preference_vs_floor"])
-    write_text_atomically(output_dir / REPORT_MD, render_markdown(report, table))
+    staging = output_dir / STAGING_DIR
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        _write_report_files(staging, {**report, "summary": result.summary}, per_token_table(result, tokens))
+        for path in sorted(staging.iterdir()):
+            os.replace(path, output_dir / path.name)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(error):
+            raise disk_full_error(output_dir, staging) from error
+        raise
+    staging.rmdir()
     return output_dir
+
+
+def _write_report_files(folder, report, table):
+    write_text_atomically(folder / PREFERENCE_JSON, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    write_atomically(folder / PER_TOKEN_CSV, lambda tmp: table.to_csv(tmp, index=False))
+    plot_logprob_scatter(table, folder / PLOTS["logprob_scatter"])
+    plot_preference_histogram(table, folder / PLOTS["preference_histogram"])
+    plot_preference_vs_frequency(table, folder / PLOTS["preference_vs_frequency"])
+    if report["summary"].get("test") == "replica":
+        plot_preference_vs_floor(table, folder / REPLICA_PLOTS["preference_vs_floor"])
+    write_text_atomically(folder / REPORT_MD, render_markdown(report, table))
 
 
 def load_report(report_dir):

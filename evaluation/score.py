@@ -22,8 +22,9 @@ One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat
 
 import dataclasses
 import json
-import warnings
+import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,14 +36,19 @@ from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
 from modeling_twotower import TwoTowerConfig
-from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.arguments import SHARED_OPTION_RANGES, check_ranges, check_types, parse_command_line
+from twotower.training.cli import run
+from twotower.training.data import BLOCK_FORMATS, collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.errors import TwoTowerUserError
 from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
 from twotower.training.phases import MODEL_CLASSES
+from twotower.training.publish import check_weight_files
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
 from twotower.training.validation import perplexity
 
 from .report import write_report
 from .tower_preference.preference_stats import PreferenceAccumulator, ReplicaPreferenceAccumulator
+from .tower_preference.tower_preference import untrained_probes_error
 
 
 SPLITS = ("validation", "train")
@@ -65,6 +71,21 @@ SETTINGS_FIELDS = (
     "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas"
 )
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
+# the allowed range of every bounded option (see twotower.training.arguments.check_ranges); None is unset
+SCORING_RANGES = {
+    **SHARED_OPTION_RANGES,
+    "max_blocks": (lambda v: v >= 1, ">= 1"),
+    "mask_passes": (lambda v: v >= 1, ">= 1"),
+    "batch_size": (lambda v: v >= 1, ">= 1"),
+    "alpha": (lambda v: 0 < v < 1, "in (0, 1) (a false discovery rate, e.g. 0.05)"),
+    "min_count": (lambda v: v >= 2, ">= 2 (a standard error needs 2 occurrences)"),
+    "top_k": (lambda v: v >= 0, ">= 0"),
+}
+SCORING_UNSET_MEANS = {
+    "max_blocks": "score every block",
+    "preprocessing_num_workers": "tokenize in one process",
+    "probe_chunk_size": "let the probes choose",
+}
 
 
 @dataclass
@@ -83,6 +104,7 @@ class ScoringArguments:
     validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with training's fixed seed
     split: str = "validation"  # validation | train: which blocks to score
     block_size: int = 128  # tokens per sequence; at most the model's max_position_embeddings
+    block_format: str | None = None  # contiguous | sentence_pairs; None: the model's (its training_config.yaml)
     max_blocks: int | None = None  # score only the first N blocks of the split; None = all
     spread_blocks: bool = False  # with max_blocks: N blocks evenly spaced over the split instead of the first N
     # (the first N of a folder of texts would all come from its first file)
@@ -109,37 +131,83 @@ class ScoringArguments:
     # (the probe phase does this), so the test pairs them; False compares independent replica means
 
     def __post_init__(self):
+        """Every option checked now, before the model runs over the data."""
+        check_types(self)
         if self.split not in SPLITS:
-            raise ValueError(f"`split` is {self.split!r}; choose one of {list(SPLITS)}.")
+            raise TwoTowerUserError(f"`split` is {self.split!r}; choose one of {list(SPLITS)}.")
+        if self.block_format not in (None, *BLOCK_FORMATS):
+            raise TwoTowerUserError(f"`block_format` is {self.block_format!r}; choose one of {list(BLOCK_FORMATS)}.")
         if self.dtype not in DTYPES:
-            raise ValueError(f"`dtype` is {self.dtype!r}; choose one of {list(DTYPES)}.")
-        for name in ("block_size", "batch_size", "mask_passes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)!r}.")
-        if self.max_blocks is not None and self.max_blocks <= 0:
-            raise ValueError(f"`max_blocks` must be a positive integer or None, got {self.max_blocks!r}.")
+            raise TwoTowerUserError(f"`dtype` is {self.dtype!r}; choose one of {list(DTYPES)}.")
+        check_ranges(self, SCORING_RANGES, SCORING_UNSET_MEANS)
+
+
+def check_output_dir(output_dir, model_dir):
+    """The report folder can be written: checked before the model runs over the data, not after."""
+    output, model = Path(output_dir).resolve(), Path(model_dir).resolve()
+    if output == model:
+        raise TwoTowerUserError(
+            f"--output_dir {str(output_dir)!r} is the model folder; write the report elsewhere (e.g. "
+            f"{model.parent / 'report'})."
+        )
+    existing = output
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TwoTowerUserError(f"--output_dir {str(output_dir)!r} cannot be created: {existing} is a file.")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise TwoTowerUserError(
+            f"--output_dir {str(output_dir)!r} cannot be written ({existing}: {error.strerror}); pass a folder you "
+            "can write to."
+        ) from error
+
+
+def _read_model_configs(model_dir: Path) -> tuple[dict, dict | None]:
+    """(config.json, training_config.yaml or None) of a model folder, each named when it cannot be read."""
+    config_file, training_config_file = model_dir / "config.json", model_dir / TRAINING_CONFIG_NAME
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"--model_dir {str(model_dir)!r} has no config.json; pass the `model` folder that a probe run saved "
+            "(OUTPUT_DIR/model)."
+        )
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        training_config = None
+        if training_config_file.is_file():
+            training_config = yaml.safe_load(training_config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
+        raise TwoTowerUserError(
+            f"{model_dir} holds a damaged config ({' '.join(str(error).split())}); save or download the model again."
+        ) from error
+    return config, training_config
 
 
 def load_model(model_dir, dtype):
-    """The two-tower model of a folder, in eval mode; a clear error for anything else."""
-    config_file = Path(model_dir) / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(
-            f"--model_dir {model_dir!r} has no config.json; pass the `model` folder that a probe run saved "
-            "(OUTPUT_DIR/model)."
+    """
+    The two-tower model of a folder, in eval mode. Refused with one clear error: another kind of model, probes that
+    no probe phase trained, a damaged or non-finite weights file (named), or weights that overflow in `dtype`.
+    """
+    model_dir = Path(model_dir)
+    config, training_config = _read_model_configs(model_dir)
+    if config.get("model_type") != TwoTowerConfig.model_type:
+        raise TwoTowerUserError(
+            f"--model_dir {str(model_dir)!r} holds a {config.get('model_type')!r} model, not a two-tower model."
         )
-    model_type = json.loads(config_file.read_text()).get("model_type")
-    if model_type != TwoTowerConfig.model_type:
-        raise ValueError(f"--model_dir {model_dir!r} holds a {model_type!r} model, not a two-tower model.")
-    training_config = Path(model_dir) / TRAINING_CONFIG_NAME
-    if training_config.is_file() and yaml.safe_load(training_config.read_text()).get("phase") != "probe":
-        warnings.warn(
-            f"{model_dir} was saved by a pretrain run: its probes are untrained, so the preference measures noise. "
-            "Score the model saved by the probe phase.",
-            stacklevel=2,
+    untrained = untrained_probes_error(config, training_config, str(model_dir))
+    if untrained is not None:
+        raise TwoTowerUserError(untrained)
+    check_weight_files(sorted(model_dir.glob("*.safetensors")))
+    model = MODEL_CLASSES[objective_of(config)].from_pretrained(model_dir, dtype=dtype).eval()
+    overflowed = next((name for name, tensor in model.state_dict().items() if not tensor.isfinite().all()), None)
+    if overflowed is not None:  # the files are finite: a cast to a narrower dtype overflowed
+        raise TwoTowerUserError(
+            f"`{overflowed}` of {model_dir} is not finite in {dtype} (its weights overflow that dtype); score with "
+            "--dtype float32 or bfloat16."
         )
-    model_class = MODEL_CLASSES[objective_of(json.loads(config_file.read_text()))]
-    return model_class.from_pretrained(model_dir, dtype=dtype).eval()
+    return model
 
 
 def load_blocks(args, tokenizer):
@@ -167,7 +235,14 @@ def _tokenized_blocks(raw_datasets, args, tokenizer):
         args.text_column_name,
         args.preprocessing_num_workers,
         args.overwrite_cache,
+        args.block_format or trained_block_format(args.model_dir),
     )
+
+
+def trained_block_format(model_dir) -> str:
+    """The block format of the runs that trained the model (its training_config.yaml); contiguous if it names none."""
+    _, training_config = _read_model_configs(Path(model_dir))
+    return (training_config or {}).get("block_format", "contiguous")
 
 
 def _validation_file_blocks(args, tokenizer):
@@ -176,28 +251,39 @@ def _validation_file_blocks(args, tokenizer):
     raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, train_file=args.validation_file)
     blocks = _tokenized_blocks(raw_datasets, args, tokenizer)["train"]
     if len(blocks) == 0:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"--validation_file {args.validation_file!r} gives no block of block_size={args.block_size} tokens; "
             "give more text or a smaller --block_size."
         )
     return blocks
 
 
-def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id):
+def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable=None):
     """
     (inputs, labels) of each pass over a batch [batch, seq]; together the passes score every token exactly once.
 
     causal: one pass, every next token (labels = input_ids, shifted inside the model). masked with transformer
     towers: pass k replaces the positions p with p % mask_passes == k by the mask token (no 80/10/10: the score
     of a token must not depend on a random draw) and labels them. ELMo-style LSTM towers: one unmasked pass.
+    `scorable` [batch, seq] (sentence-pair blocks): the positions that may be scored or masked; None for all.
     """
     if not needs_masking(objective, tower_type):
-        yield input_ids, input_ids
+        yield input_ids, input_ids if scorable is None else input_ids.masked_fill(~scorable, -100)
         return
     position = torch.arange(input_ids.shape[1], device=input_ids.device)
     for index in range(mask_passes):
         masked = (position % mask_passes == index).expand_as(input_ids)  # [batch, seq]
+        if scorable is not None:
+            masked = masked & scorable
         yield input_ids.masked_fill(masked, mask_token_id), input_ids.masked_fill(~masked, -100)
+
+
+def collate_scored_blocks(examples, unscored_ids=()):
+    """collate_blocks, whose labels (-100 on padding) also skip `unscored_ids`: [CLS] and [SEP] for a masked LM."""
+    batch = collate_blocks(examples)
+    if "attention_mask" in batch and unscored_ids:
+        batch["labels"] = batch["labels"].masked_fill(torch.isin(batch["input_ids"], torch.tensor(unscored_ids)), -100)
+    return batch
 
 
 def masking_description(objective, tower_type, mask_passes):
@@ -227,11 +313,16 @@ def stream_gold_logprobs(
     config = models[0].config
     objective = objective_of(config)
     for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
-        input_ids = batch["input_ids"].to(device)  # [batch, seq]; blocks hold no padding
-        for inputs, labels in scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id):
+        input_ids = batch["input_ids"].to(device)  # [batch, seq]
+        attention_mask, scorable = batch.get("attention_mask"), None  # sentence-pair blocks: padding, never scored
+        if attention_mask is not None:
+            attention_mask, scorable = attention_mask.to(device), batch["labels"].to(device) != -100
+        passes = scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id, scorable)
+        for inputs, labels in passes:
             targets = prediction_targets(labels, objective)  # [batch, seq - shift]
             scored = targets != -100
-            features = models[0].probe_features(inputs)  # the towers run once for every probe set and the joint model
+            # the towers run once for every probe set and the joint model
+            features = models[0].probe_features(inputs, attention_mask)
             gold = torch.stack(
                 [
                     model.probe_logprobs(
@@ -316,24 +407,28 @@ def score_model(model_dir, output_dir, **options):
     to output_dir/preference.json.
     """
     args = ScoringArguments(model_dir=str(model_dir), output_dir=str(output_dir), **options)
+    check_output_dir(args.output_dir, args.model_dir)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     model = load_model(args.model_dir, DTYPES[args.dtype]).to(device)
     objective, tower_type = objective_of(model.config), model.config.tower_type
     tokenizer = load_tokenizer(args.model_dir)
     check_tokenizer_fits(tokenizer, model.config.vocab_size)
     if needs_masking(objective, tower_type) and tokenizer.mask_token_id is None:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"{args.model_dir} holds a masked LM but its tokenizer has no mask token to score it with; save the "
             "tokenizer the model was trained with (the training command does)."
         )
     if args.block_size > model.config.max_position_embeddings:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
             f"({model.config.max_position_embeddings}); lower --block_size."
         )
 
     blocks = load_blocks(args, tokenizer)
-    dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate_blocks)
+    # a masked LM never predicts the [CLS] and [SEP] of sentence-pair blocks (nor, as any model, their padding)
+    unscored_ids = [tokenizer.cls_token_id, tokenizer.sep_token_id] if needs_masking(objective, tower_type) else []
+    collate = partial(collate_scored_blocks, unscored_ids=[token for token in unscored_ids if token is not None])
+    dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate)
     accumulator, mean_nll = score_blocks(
         model,
         dataloader,
@@ -406,11 +501,11 @@ def _number(value):
 
 
 def main(argv=None):
-    (args,) = HfArgumentParser(ScoringArguments).parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    (args,) = parse_command_line(HfArgumentParser(ScoringArguments), argv)
     report = score_model(**dataclasses.asdict(args))
     print(f"Wrote {args.output_dir}: {summary_line(report, args.center)}")
     return report
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

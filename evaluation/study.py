@@ -36,6 +36,8 @@ import yaml
 from twotower.training.arguments import load_config, read_recipe, resolve_recipe_path
 from twotower.training.atomic import write_text_atomically
 from twotower.training.checkpointing import FINAL_MODEL_DIR
+from twotower.training.cli import run
+from twotower.training.run_folder import continuation_options
 from twotower.training.train import training_function
 
 from .report import PER_TOKEN_CSV, PREFERENCE_JSON
@@ -176,6 +178,7 @@ def train_phase(recipe: str, output_dir: Path, options: dict) -> dict:
     result_file = output_dir / TRAIN_RESULT
     if (output_dir / FINAL_MODEL_DIR / "config.json").is_file() and result_file.is_file():
         return json.loads(result_file.read_text())
+    options = {**options, **continuation_options(output_dir)}
     config = dataclasses.replace(load_config(recipe), output_dir=str(output_dir), **options)
     start = time.perf_counter()
     result = training_function(config)
@@ -321,4 +324,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

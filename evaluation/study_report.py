@@ -1,7 +1,8 @@
 """
 The results document of a tower preference study: per-run tables of the replica-level figures against the
 same-tower noise floor, agreement across pretraining seeds, the independent-towers control, token categories, plots,
-and plain verdicts.
+and plain verdicts. This module computes the figures, tables and plots; the text is the Jinja template
+templates/study.md.j2.
 
 Layout of the report folder:
     STUDY.md                the document (commands, machine, tables, plots, verdicts)
@@ -17,7 +18,9 @@ import json
 import os
 import platform
 from datetime import date
+from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
 import torch
@@ -34,6 +37,8 @@ from .tower_preference.preference_stats import compare_preferences
 RECURRENCE_ALPHA = 0.01  # every seed pair's correlation must be this significant for a split to "recur"
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
+STUDY_TEMPLATE = "study.md.j2"
+TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 
 
 def _fmt(value, digits=3):
@@ -230,61 +235,47 @@ def plot_cross_seed(rows, path):
 
 
 def markdown_table(frame):
-    """A DataFrame as Markdown table lines (cells as str; no tabulate dependency)."""
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in frame.itertuples(index=False)]
-    return lines + [""]
+    """A DataFrame of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
+    return frame.to_markdown(index=False, disable_numparse=True)
 
 
-def _cross_seed_line(row):
-    verdict = (
-        "the split **recurs** across seeds."
-        if row["recurs"]
-        else f"the split **does not recur** across seeds (every seed pair must correlate at p < {RECURRENCE_ALPHA})."
-    )
-    return (
-        f"  - across {row['num_seeds']} seeds on {row['text']} ({row['num_towers']} towers): matched correlation "
-        f"{_fmt(row['correlation'])} (largest p-value over seed pairs {max(row['p_values']):.2g}; ceiling "
-        f"{_fmt(row['ceiling'])}): {verdict}"
-    )
-
-
-def family_verdict(family, group, cross_rows):
-    """The verdict lines of one family: reliability, the two tests, the noise floor, agreement across seeds."""
-    above = (group["excess_difference_nats"] > 0).sum()
-    lines = [
-        f"- **{family}** ({len(group)} run/text pairs, {group['probe_replicas'].max()} probe replicas per tower):",
-        f"  - reliability {_fmt(group['reliability'].mean())} on average (95% intervals from "
-        f"{_fmt(group['reliability_ci_low'].min())} to {_fmt(group['reliability_ci_high'].max())}); with one probe "
-        f"per tower {_fmt(group['reliability_single_probe'].mean())}.",
-        f"  - {_percent(group['significant_share'].mean())} of eligible token types prefer one tower beyond probe "
-        f"noise (replica-level test), against {_percent(group['occurrence_significant_share'].mean())} by the "
-        "occurrence-level test, which ignores probe noise.",
-        f"  - probes of two towers differ by {_fmt(group['two_tower_difference_nats'].mean())} nats per token type, "
-        f"probes of one tower by {_fmt(group['same_tower_floor_nats'].mean())} (the noise floor): above the floor "
-        f"in {above} of {len(group)} run/text pairs.",
-    ]
-    return lines + [_cross_seed_line(row) for row in cross_rows if row["family"] == family]
-
-
-def verdicts(frame, cross_rows, study):
-    """Plain statements of what the runs show, family by family, then cooperation against each control."""
-    lines = []
+def family_verdicts(frame, cross_rows):
+    """Per family, the figures its verdict states: averages over its run/text pairs, and its cross-seed rows."""
+    averaged = ["reliability", "reliability_single_probe", "significant_share", "occurrence_significant_share"]
+    averaged += ["two_tower_difference_nats", "same_tower_floor_nats"]
+    families = []
     for family, group in frame.groupby("family", sort=False):
-        lines += family_verdict(family, group, cross_rows)
+        families.append(
+            {
+                "name": family,
+                "num_pairs": len(group),
+                "probe_replicas": int(group["probe_replicas"].max()),
+                "reliability_ci_low": group["reliability_ci_low"].min(),
+                "reliability_ci_high": group["reliability_ci_high"].max(),
+                **group[averaged].mean().to_dict(),
+                "num_above_floor": int((group["excess_difference_nats"] > 0).sum()),
+                "cross_seed": [row for row in cross_rows if row["family"] == family],
+            }
+        )
+    return families
+
+
+def cooperation_verdicts(frame, study):
+    """Per cooperative family with its independent-towers control in the runs: both families' averaged figures."""
     means = frame.groupby("family")[["reliability", "significant_share", "excess_difference_nats"]].mean()
+    pairs = []
     for name, family in study.families.items():
         if family.control_of is None or not {name, family.control_of} <= set(means.index):
             continue
-        cooperative, control = means.loc[family.control_of], means.loc[name]
-        lines.append(
-            f"- **cooperation** ({family.control_of} vs {name}, its independent-towers control): reliability "
-            f"{_fmt(cooperative['reliability'])} vs {_fmt(control['reliability'])}; types significant (replica-level) "
-            f"{_percent(cooperative['significant_share'])} vs {_percent(control['significant_share'])}; "
-            f"two-tower difference above the floor by {_fmt(cooperative['excess_difference_nats'])} vs "
-            f"{_fmt(control['excess_difference_nats'])} nats."
+        pairs.append(
+            {
+                "family": family.control_of,
+                "control": name,
+                "family_means": means.loc[family.control_of].to_dict(),
+                "control_means": means.loc[name].to_dict(),
+            }
         )
-    return lines
+    return pairs
 
 
 def _perplexities(per_tower, per_replica):
@@ -339,113 +330,72 @@ def cross_seed_table(cross_rows):
     )
 
 
-def category_section(categories, text, report_dir):
-    lines = [
-        f"## Token categories ({text})",
-        "",
-        "Share of eligible token types preferring the first seed's tower 0 (towers of the other seeds matched to "
-        "it by the correlation of their preferences); `*` marks a category whose split differs from the overall "
-        "split (Benjamini-Hochberg q < 0.05 of a binomial test). Replica-mean centered preferences. Per-tower "
-        "counts of preferring and significant (replica-level) types are in study.json.",
-        "",
+def _category_share(frame, category):
+    """One seed's share of a category's types preferring the reference tower 0; `*` when the split differs."""
+    match = frame[frame["category"] == category]
+    if match.empty:
+        return "n/a"
+    tower = int(match["tower_of_reference_0"].iloc[0])
+    share = match[f"num_preferring_tower{tower}"].iloc[0] / match["num_types"].iloc[0]
+    return f"{share:.2f}{'*' if match['q_value'].iloc[0] < 0.05 else ''}"
+
+
+def category_table(per_seed):
+    """Per category of the first seed: its number of types and every seed's share preferring tower 0."""
+    seeds = list(per_seed)
+    rows = [
+        [grouping, category, int(num_types), *(_category_share(per_seed[seed][grouping], category) for seed in seeds)]
+        for grouping, frame in per_seed[seeds[0]].items()
+        for category, num_types in zip(frame["category"], frame["num_types"])
     ]
-    if not any("pos" in per_run for per_seed in categories.values() for per_run in per_seed.values()):
-        lines += ["Part of speech: not reported, nltk's tagger data is not installed (it is never downloaded).", ""]
-    for (family, num_towers), per_seed in categories.items():
-        seeds = list(per_seed)
-        first = per_seed[seeds[0]]
-        plot_name = f"categories_{family}-t{num_towers}_{text}.png"
-        plot_category_preferences(first["kind"], report_dir / plot_name, f"{family}: {seeds[0]} on {text}")
-        lines += [f"### {family} ({num_towers} towers)", "", f"![categories of {family}]({plot_name})", ""]
-        rows = []
-        for column, frame in first.items():
-            for category in frame["category"]:
-                cells = [column, category, int(frame.loc[frame["category"] == category, "num_types"].iloc[0])]
-                for seed in seeds:
-                    seed_frame = per_seed[seed][column]
-                    match = seed_frame[seed_frame["category"] == category]
-                    if match.empty:
-                        cells.append("n/a")
-                        continue
-                    tower = int(match["tower_of_reference_0"].iloc[0])
-                    share = match[f"num_preferring_tower{tower}"].iloc[0] / match["num_types"].iloc[0]
-                    cells.append(f"{share:.2f}{'*' if match['q_value'].iloc[0] < 0.05 else ''}")
-                rows.append(cells)
-        lines += markdown_table(pd.DataFrame(rows, columns=["grouping", "category", "types", *seeds]))
-    return lines
+    return pd.DataFrame(rows, columns=["grouping", "category", "types", *seeds])
 
 
-def introduction(num_replicas):
-    return [
-        f"Each run pretrains a model, then trains {num_replicas} probe replicas per tower in one probe run (replica "
-        "r of every tower on one data order; replicas differ in initial weights and data order; stopped on the "
-        "validation loss), and scores every text with `twotower.evaluation.score`. Preferences are centered: the "
-        "global offset (one tower better overall) is removed before testing each token type.",
-        "",
-        "- *reliability*: the share of the across-type variance of the replica-mean per-type preference that is a "
-        "difference between the towers rather than between replicas (about 0: probe noise alone; about 1: the "
-        "replicas agree), with a bootstrap 95% interval over token types. *One probe*: the same stepped down to one "
-        "probe per tower (Spearman-Brown), the paper's measurement.",
-        "- *significant*: the share of eligible token types preferring one tower in the replica-level test (per type, "
-        "a moderated t test over replicas; Benjamini-Hochberg), next to the occurrence-level test on replica-mean "
-        "log-probabilities, which counts only the spread over a type's occurrences and so takes a probe's own "
-        "per-type bias for its tower's.",
-        "- *two-tower difference*: the mean over eligible types of the absolute difference of mean log-probability "
-        "between probes of two towers from different replicas; the *same-tower floor* is the same between probes of "
-        "one tower, which differ only by probe noise.",
-        "",
-    ]
+def category_sections(categories, report_dir):
+    """Per evaluation text and family: the category plot of the first seed (written here) and the table."""
+    sections = []
+    for text, by_family in categories.items():
+        families = []
+        for (family, num_towers), per_seed in by_family.items():
+            first_seed = next(iter(per_seed))
+            plot = f"categories_{family}-t{num_towers}_{text}.png"
+            title = f"{family}: {first_seed} on {text}"
+            plot_category_preferences(per_seed[first_seed]["kind"], report_dir / plot, title)
+            table = markdown_table(category_table(per_seed))
+            families.append({"name": family, "num_towers": num_towers, "plot": plot, "table": table})
+        has_part_of_speech = any("pos" in per_run for per_seed in by_family.values() for per_run in per_seed.values())
+        sections.append({"text": text, "has_part_of_speech": has_part_of_speech, "families": families})
+    return sections
 
 
-def write_study_report(summaries, runs_dir, report_dir, command, study):
-    """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    rows = run_rows(summaries)
-    frame = pd.DataFrame(rows)
-    cross_rows = cross_seed_rows(rows, runs_dir)
-    categories = {text: category_rows(summaries, runs_dir, text) for text in study.eval_texts}
-    plot_noise_floor(frame, report_dir / "noise_floor.png")
-    if cross_rows:
-        plot_cross_seed(cross_rows, report_dir / "cross_seed.png")
-    minutes = frame["run_minutes"].dropna()
+def machine_description():
+    """Where the report was generated, for its first line."""
+    return {
+        "date": date.today().isoformat(),
+        "architecture": platform.machine(),
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
 
-    lines = [
-        "# Tower preference study",
-        "",
-        f"Generated by `{command}` on {date.today().isoformat()}: {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads"
-        f"{', GPU ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ', no GPU'}.",
-        "",
-        *introduction(study.probe["probe_replicas"]),
-        "## Verdicts",
-        "",
-        *verdicts(frame, cross_rows, study),
-        "",
-        "## Runs",
-        "",
-        f"{len(summaries)} runs; the longest took {_fmt(minutes.max() if len(minutes) else None, 1)} minutes "
-        "(pretraining, the probe run, scoring every text).",
-        "",
-        "![noise floor](noise_floor.png)",
-        "",
-        *markdown_table(runs_table(frame)),
-    ]
-    if cross_rows:
-        lines += [
-            "## Across seeds",
-            "",
-            "![cross-seed agreement](cross_seed.png)",
-            "",
-            *markdown_table(cross_seed_table(cross_rows)),
-            "Matched correlation of the replica-mean per-type preferences (eligible types of both runs) between two "
-            "pretraining seeds: tower labels are arbitrary, so towers are matched first (for two towers, the larger "
-            "of r and -r; the p-value is that of |r|). *Ceiling*: the square root of the product of the two runs' "
-            "reliabilities, the correlation identical splits would show through the probe noise.",
-            "",
-        ]
-    for text, text_categories in categories.items():
-        lines += category_section(text_categories, text, report_dir)
-    results = {
+
+def render_template(name, **context):
+    """A document from evaluation/templates (shipped with the package), with the report's number filters."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,  # a missing figure fails the render instead of printing nothing
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters.update(fmt=_fmt, percent=_percent)
+    return environment.get_template(name).render(**context)
+
+
+def study_json(command, rows, cross_rows, categories):
+    """Every number of the tables, as study.json stores them."""
+    return {
         "command": command,
         "runs": rows,
         "cross_seed": cross_rows,
@@ -460,5 +410,33 @@ def write_study_report(summaries, runs_dir, report_dir, command, study):
             for text, text_categories in categories.items()
         },
     }
+
+
+def write_study_report(summaries, runs_dir, report_dir, command, study):
+    """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    rows = run_rows(summaries)
+    frame = pd.DataFrame(rows)
+    cross_rows = cross_seed_rows(rows, runs_dir)
+    categories = {text: category_rows(summaries, runs_dir, text) for text in study.eval_texts}
+    plot_noise_floor(frame, report_dir / "noise_floor.png")
+    if cross_rows:
+        plot_cross_seed(cross_rows, report_dir / "cross_seed.png")
+    minutes = frame["run_minutes"].dropna()
+    document = render_template(
+        STUDY_TEMPLATE,
+        command=command,
+        machine=machine_description(),
+        num_replicas=study.probe["probe_replicas"],
+        recurrence_alpha=RECURRENCE_ALPHA,
+        families=family_verdicts(frame, cross_rows),
+        cooperation=cooperation_verdicts(frame, study),
+        num_runs=len(summaries),
+        longest_run_minutes=minutes.max() if len(minutes) else None,
+        runs_table=markdown_table(runs_table(frame)),
+        cross_seed_table=markdown_table(cross_seed_table(cross_rows)) if cross_rows else None,
+        category_sections=category_sections(categories, report_dir),
+    )
+    results = study_json(command, rows, cross_rows, categories)
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(results, indent=2) + "\n")
-    return write_text_atomically(report_dir / STUDY_MD, "\n".join(lines) + "\n")
+    return write_text_atomically(report_dir / STUDY_MD, document)

@@ -2,36 +2,97 @@
 
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
+from transformers.utils import logging
 
-# The paper's sizes (PAPER.md, "Reference hyper-parameters"); every size describes ONE tower.
+logger = logging.get_logger(__name__)
+
+# The paper's sizes (PAPER.md, "Reference hyper-parameters"); every size describes ONE tower. The paper-sized presets
+# start from the reference code's initialisation; `tiny` keeps the plain N(0, 0.02) one of the CPU recipes' figures.
 PRESETS = {
     # Small enough to train for a few minutes on two CPU cores.
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
     "base": dict(
-        hidden_size=384, num_hidden_layers=12, num_attention_heads=12, intermediate_size=1536, vocab_size=30528
+        hidden_size=384, num_hidden_layers=12, num_attention_heads=12, intermediate_size=1536, vocab_size=30528,
+        initialization="reference",
     ),
     "large": dict(
-        hidden_size=512, num_hidden_layers=24, num_attention_heads=16, intermediate_size=2048, vocab_size=30528
+        hidden_size=512, num_hidden_layers=24, num_attention_heads=16, intermediate_size=2048, vocab_size=30528,
+        initialization="reference",
     ),
-    # ELMo-style towers: 2 LSTM layers of model width 256, cells of 2048 / 4096 projected back to 256.
-    "elmo-base": dict(tower_type="lstm", hidden_size=256, num_hidden_layers=2, lstm_hidden_size=2048, vocab_size=30528),
-    "elmo-large": dict(tower_type="lstm", hidden_size=256, num_hidden_layers=2, lstm_hidden_size=4096, vocab_size=30528),
-}
+    # The reference's GPT variant: two GPT-2 stacks (tanh GELU, LayerNorm eps 1e-5) sharing an h-wide embedding.
+    "gpt-base": dict(
+        layout="gpt", hidden_size=384, num_hidden_layers=12, num_attention_heads=12, intermediate_size=1536,
+        vocab_size=30528, hidden_act="gelu_new", layer_norm_eps=1e-5, initialization="reference",
+    ),
+    "gpt-large": dict(
+        layout="gpt", hidden_size=512, num_hidden_layers=24, num_attention_heads=16, intermediate_size=2048,
+        vocab_size=30528, hidden_act="gelu_new", layer_norm_eps=1e-5, initialization="reference",
+    ),
+    # The reference's ELMo variant: per tower a forward and a backward LM of width 256 (hidden_size 512 = both),
+    # each 2 unprojected LSTM layers of 2048 / 4096 cells followed by Linear(cells -> 256).
+    "elmo-base": dict(
+        layout="elmo", hidden_size=512, num_hidden_layers=2, lstm_hidden_size=2048, vocab_size=30528,
+        initialization="reference",
+    ),
+    "elmo-large": dict(
+        layout="elmo", hidden_size=512, num_hidden_layers=2, lstm_hidden_size=4096, vocab_size=30528,
+        initialization="reference",
+    ),
+}  # fmt: skip
+LAYOUTS = ("bert", "gpt", "elmo")
+INITIALIZATIONS = ("normal", "reference")
 TOWER_TYPES = ("transformer", "lstm")
 PROBE_TYPES = ("mlp", "linear")
 
 
 class TwoTowerConfig(PretrainedConfig):
     r"""
-    Configuration of a [`TwoTowerForCausalLM`]: `num_towers` transformer stacks of identical shape, fed by one
-    shared token embedding of width `embedding_size` (by default `num_towers * hidden_size`, the paper's) and
-    joined only by a fusion head whose decoder is tied to that embedding.
+    Configuration of a [`TwoTowerForCausalLM`] or [`TwoTowerForMaskedLM`]: `num_towers` stacks of identical shape
+    that share one token embedding and are joined only by a fusion head (LayerNorm of the concatenation, Linear +
+    GELU, LayerNorm) whose decoder is tied to that embedding, plus an output bias.
 
     `hidden_size`, `num_hidden_layers`, `num_attention_heads` and `intermediate_size` describe ONE tower.
-    `embedding_size=hidden_size` gives the h-wide embedding and decoder of the reference code's GPT variant:
-    the fusion head then maps the concatenated towers down to h before the decoder, and the model spends
-    about the FLOPs of one GPT-2 of width h and `num_towers * num_hidden_layers` layers (the default layout
-    spends 1.1-1.7x that, its decoder being `num_towers` times wider).
+    `layout` picks one of the reference code's three variants (hezq06/twotower_lm, `ttlm/model.py`):
+
+    - `"bert"` (default; TwoTowerDsBert): an embedding of width `embedding_size` (default `num_towers * hidden_size`)
+      plus learned positions, LayerNorm and dropout, then one `Linear(embedding_size -> hidden_size)` per tower and
+      pre-LN transformer blocks; bidirectional in the masked LM, causal in the causal LM. With `tower_type="lstm"`
+      the towers are instead this package's LSTM stacks (cells projected back to `hidden_size` inside the LSTM; the
+      masked LM adds a backward stack and a per-tower Linear(2h -> h)), the layout of the CPU recipes `tiny_lstm`
+      and `tiny_elmo`.
+    - `"gpt"` (TwoTowerGPT): GPT-2 stacks sharing one h-wide token and position embedding, with no embedding
+      LayerNorm and no per-tower projection (each tower draws its own embedding dropout), each tower ending in its
+      own final LayerNorm; the fusion head maps the concatenation down to h for the tied decoder.
+    - `"elmo"` (TwoTowerELMo; masked LM only): no positions. Each tower is a forward and a backward LM of width
+      `hidden_size // 2`, each an unprojected `num_hidden_layers`-layer LSTM of `lstm_hidden_size` cells followed by
+      `Linear(lstm_hidden_size -> hidden_size // 2)`; both read the shared embedding (`num_towers * hidden_size // 2`
+      wide) through a per-direction LayerNorm and the tower's `Linear(embedding_size -> hidden_size // 2)`.
+      Position t concatenates the forward LM after tokens < t and the backward LM after tokens > t (the sequence
+      shifted by the embedding of `pad_token_id`, 0 if unset, as the reference shifts in [PAD]); the fused features
+      get dropout too, and a probe maps its tower's `hidden_size` to `hidden_size // 2` before its decoder.
+
+    `initialization` draws new weights as:
+
+    - `"normal"`: every matmul weight and embedding N(0, `initializer_range`), biases 0, norms 1 and 0, LSTM
+      weights Xavier-uniform (the CPU recipes' scheme; the default, so older configs keep it).
+    - `"reference"`: the reference code's, kind by kind, with r = `initializer_range`:
+
+      | weight | bert | gpt | elmo |
+      |---|---|---|---|
+      | token / position embedding | U(-r, r) | N(0, r) | U(-r, r), no positions |
+      | LayerNorms | 1, 0 | 1, 0 | 1, 0 |
+      | q, k, v and MLP up projection | N(0, r), bias 0 | N(0, r), bias 0 | - |
+      | attention output and MLP down projection | N(0, r / sqrt(2 L)), bias 0 | same | - |
+      | per-tower input projection, LSTM output Linear | torch's Linear default | - | torch's Linear default |
+      | LSTM weights and biases | torch's default U(+-1/sqrt(cells)) | - | same |
+      | fusion Linear, probes, the control's LM heads | torch's Linear default | same | same |
+      | output bias of the tied decoder | 0 | 0 | 0 |
+
+      L is `num_hidden_layers`; torch's Linear default is U(+-1/sqrt(fan_in)) for weight and bias. The residual
+      scaling is DeepSpeed's transformer kernel's (bert) and GPT-2's `c_proj` rule (gpt).
+
+    `embedding_size=hidden_size` with the bert layout keeps the embedding norm and the per-tower projection; it
+    spends about the FLOPs of one GPT-2 of width h and `num_towers * num_hidden_layers` layers.
 
     Example:
 
@@ -40,6 +101,8 @@ class TwoTowerConfig(PretrainedConfig):
     >>> config = TwoTowerConfig.from_preset("base")
     >>> config.num_towers, config.hidden_size, config.fused_hidden_size, config.embedding_size
     (2, 384, 768, 768)
+    >>> TwoTowerConfig.from_preset("gpt-base").embedding_size
+    384
     >>> model = TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=128))
     ```
     """
@@ -56,19 +119,22 @@ class TwoTowerConfig(PretrainedConfig):
         num_attention_heads: int = 12,  # heads per tower
         intermediate_size: int = 1536,  # MLP width of one tower
         num_towers: int = 2,  # 2 in the paper; 3 or more also work
-        embedding_size: int | None = None,  # shared embedding and tied decoder width (None: num_towers * hidden_size)
-        tower_type: str = "transformer",  # transformer (BERT/GPT-style) | lstm (ELMo-style)
-        lstm_hidden_size: int | None = None,  # lstm towers: cells >= hidden_size, projected back to it (None: 4 * h)
+        embedding_size: int | None = None,  # shared embedding and tied decoder width (None: the layout's, see above)
+        layout: str = "bert",  # bert | gpt | elmo: the reference code's variant (see above)
+        tower_type: str | None = None,  # transformer | lstm (None: lstm for layout elmo, else transformer)
+        lstm_hidden_size: int | None = None,  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
         probe_replicas: int = 1,  # probes per tower, each with its own initial weights (replica-level statistics)
         probe_type: str = "mlp",  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
+        probe_training_steps: int | None = None,  # set by the probe phase before it saves; None: probes never trained
         hidden_act: str = "gelu",  # any key of transformers.activations.ACT2FN
         max_position_embeddings: int = 128,  # the paper's context length
         hidden_dropout: float = 0.1,  # embeddings, residual branches and fusion head
         attention_dropout: float = 0.1,
         layer_norm_eps: float = 1e-12,  # BERT's value, as in the reference code
         initializer_range: float = 0.02,
+        initialization: str = "normal",  # normal | reference: how new weights are drawn (see above)
         use_cache: bool = True,
         tie_word_embeddings: bool = True,  # the decoder is tied to the shared input embedding
         pad_token_id: int | None = None,
@@ -83,18 +149,21 @@ class TwoTowerConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size
         self.num_towers = num_towers
         self.embedding_size = embedding_size
+        self.layout = layout
         self.tower_type = tower_type
         self.lstm_hidden_size = lstm_hidden_size
         self.bidirectional = bidirectional
         self.cooperative = cooperative
         self.probe_replicas = probe_replicas
         self.probe_type = probe_type
+        self.probe_training_steps = probe_training_steps
         self.hidden_act = hidden_act
         self.max_position_embeddings = max_position_embeddings
         self.hidden_dropout = hidden_dropout
         self.attention_dropout = attention_dropout
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
+        self.initialization = initialization
         self.use_cache = use_cache
         self._validate_architecture()
         if not cooperative:
@@ -113,6 +182,11 @@ class TwoTowerConfig(PretrainedConfig):
         return self.num_towers * self.hidden_size
 
     @property
+    def probe_hidden_size(self) -> int:
+        """Width inside an mlp probe: `hidden_size`, or one direction's (`hidden_size // 2`) for ELMo towers."""
+        return self.hidden_size // 2 if self.layout == "elmo" else self.hidden_size
+
+    @property
     def num_probes(self) -> int:
         """Probes in all: `probe_replicas` per tower, tower-major (probe `t * probe_replicas + r`)."""
         return self.num_towers * self.probe_replicas
@@ -123,10 +197,19 @@ class TwoTowerConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> "TwoTowerConfig":
-        """The paper's sizes (`base`, `large`, `elmo-base`, `elmo-large`) or CPU-sized `tiny`; kwargs override fields."""
+        """The paper's sizes (`base`, `large`, `gpt-*`, `elmo-*`) or CPU-sized `tiny`; kwargs override fields."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **kwargs})
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> "TwoTowerConfig":
+        if "layout" not in config_dict:
+            logger.warning(
+                "This two-tower config has no `layout` field: it was saved before layouts existed, when every model "
+                "had the 'bert' layout, so it loads as layout='bert'."
+            )
+        return super().from_dict(config_dict, **kwargs)
 
     def _validate_architecture(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -139,36 +222,22 @@ class TwoTowerConfig(PretrainedConfig):
                 f"`num_towers` must be an integer >= 2 (a two-tower model needs at least two towers), "
                 f"got {self.num_towers!r}."
             )
-        if self.embedding_size is None:
-            self.embedding_size = self.fused_hidden_size
-        if not isinstance(self.embedding_size, int) or self.embedding_size <= 0:
-            raise ValueError(
-                f"`embedding_size` must be a positive integer (or None for num_towers * hidden_size = "
-                f"{self.fused_hidden_size}), got {self.embedding_size!r}."
-            )
+        self._validate_layout()
         if self.tower_type == "transformer" and self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
                 f"({self.num_attention_heads}); change one of them, e.g. hidden_size="
                 f"{self.num_attention_heads * max(1, round(self.hidden_size / self.num_attention_heads))}."
             )
-        if self.tower_type not in TOWER_TYPES:
-            raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_TYPES)}.")
         if self.tower_type == "lstm":
-            self.lstm_hidden_size = self.lstm_hidden_size or 4 * self.hidden_size
-            if self.lstm_hidden_size < self.hidden_size:
-                raise ValueError(
-                    f"`lstm_hidden_size` ({self.lstm_hidden_size}) is smaller than `hidden_size` ({self.hidden_size}): "
-                    f"LSTM cells are projected down to the tower width, never up; use lstm_hidden_size >= "
-                    f"{self.hidden_size} (equal: no projection)."
-                )
-            # LSTM state is not a key/value cache: generation recomputes the prefix at every step.
-            self.use_cache = False
+            self._validate_lstm()
         elif self.lstm_hidden_size is not None:
             raise ValueError(
                 f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to tower_type='lstm'; drop it for "
                 f"transformer towers (their MLP width is `intermediate_size`)."
             )
+        if self.initialization not in INITIALIZATIONS:
+            raise ValueError(f"Unknown `initialization` {self.initialization!r}; use one of {list(INITIALIZATIONS)}.")
         if not isinstance(self.probe_replicas, int) or self.probe_replicas < 1:
             raise ValueError(
                 f"`probe_replicas` must be a positive integer (probes per tower), got {self.probe_replicas!r}."
@@ -182,5 +251,63 @@ class TwoTowerConfig(PretrainedConfig):
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
 
+    def _validate_layout(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(
+                f"Unknown `layout` {self.layout!r}; use one of {list(LAYOUTS)} (a config written by a newer version "
+                f"of twotower needs that version)."
+            )
+        if self.tower_type is None:
+            self.tower_type = "lstm" if self.layout == "elmo" else "transformer"
+        if self.tower_type not in TOWER_TYPES:
+            raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_TYPES)}.")
+        layout_towers = {"gpt": "transformer", "elmo": "lstm"}.get(self.layout, self.tower_type)
+        if self.tower_type != layout_towers:
+            raise ValueError(
+                f"layout={self.layout!r} has {layout_towers} towers, not tower_type={self.tower_type!r}; drop "
+                f"`tower_type` (this package's LSTM towers in the bert layout: layout='bert', tower_type='lstm')."
+            )
+        if self.layout == "elmo" and self.hidden_size % 2 != 0:
+            raise ValueError(
+                f"layout='elmo': `hidden_size` ({self.hidden_size}) is one tower's width, a forward and a backward "
+                f"LM of hidden_size // 2 each; use an even hidden_size, e.g. {self.hidden_size + 1}."
+            )
+        if self.layout == "elmo" and self.bidirectional is False:
+            raise ValueError(
+                "layout='elmo' is the reference's forward + backward ELMo, a masked-family (bidirectional) model: "
+                "use TwoTowerForMaskedLM, or layout='bert' with tower_type='lstm' for a causal LSTM LM."
+            )
+        default_embedding_size = {
+            "bert": ("num_towers * hidden_size", self.fused_hidden_size),
+            "gpt": ("hidden_size", self.hidden_size),
+            "elmo": ("num_towers * hidden_size // 2", self.fused_hidden_size // 2),
+        }[self.layout]
+        if self.embedding_size is None:
+            self.embedding_size = default_embedding_size[1]
+        if not isinstance(self.embedding_size, int) or self.embedding_size <= 0:
+            raise ValueError(
+                f"`embedding_size` must be a positive integer (or None for {default_embedding_size[0]} = "
+                f"{default_embedding_size[1]}), got {self.embedding_size!r}."
+            )
+        if self.layout == "gpt" and self.embedding_size != self.hidden_size:
+            raise ValueError(
+                f"layout='gpt' feeds the shared embedding to every tower unprojected, so `embedding_size` must equal "
+                f"hidden_size ({self.hidden_size}), got {self.embedding_size}; drop it, or use layout='bert' for a "
+                f"projected embedding."
+            )
 
-__all__ = ["TwoTowerConfig", "PRESETS", "PROBE_TYPES", "TOWER_TYPES"]
+    def _validate_lstm(self):
+        self.lstm_hidden_size = 4 * self.hidden_size if self.lstm_hidden_size is None else self.lstm_hidden_size
+        if not isinstance(self.lstm_hidden_size, int) or self.lstm_hidden_size <= 0:
+            raise ValueError(f"`lstm_hidden_size` must be a positive integer, got {self.lstm_hidden_size!r}.")
+        if self.layout == "bert" and self.lstm_hidden_size < self.hidden_size:
+            raise ValueError(
+                f"`lstm_hidden_size` ({self.lstm_hidden_size}) is smaller than `hidden_size` ({self.hidden_size}): "
+                f"LSTM cells are projected down to the tower width, never up; use lstm_hidden_size >= "
+                f"{self.hidden_size} (equal: no projection)."
+            )
+        # LSTM state is not a key/value cache: generation recomputes the prefix at every step.
+        self.use_cache = False
+
+
+__all__ = ["TwoTowerConfig", "PRESETS", "INITIALIZATIONS", "LAYOUTS", "PROBE_TYPES", "TOWER_TYPES"]

@@ -3,7 +3,8 @@
 All towers run together: every per-tower weight is stacked along a leading tower dimension, every matmul is
 a batched matmul over towers, and attention folds the towers into the head dimension, so one attention call
 (and one cache slot per depth) covers every tower's heads. Towers never exchange information before the
-fusion head.
+fusion head. The batched layers are in `batched_layers.py`, the LSTM towers in `lstm_towers.py`, the probes in
+`probes.py`.
 """
 
 from collections.abc import Callable
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -25,11 +25,10 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, TwoTowerBlockLinear
 from .configuration_twotower import TwoTowerConfig
-from .lstm_towers import TwoTowerLSTMTowers
-
-# Budget for one chunk of probe logits, [towers, positions, vocab] in float32 (256 MiB).
-PROBE_LOGITS_CHUNK_BYTES = 256 * 2**20
+from .lstm_towers import TwoTowerELMoTowers, TwoTowerLSTMTowers
+from .probes import TwoTowerProbes
 
 
 @dataclass
@@ -52,43 +51,6 @@ class TwoTowerCausalLMOutputWithPast(CausalLMOutputWithPast):
     """
 
     tower_hidden_states: torch.FloatTensor | None = None
-
-
-class TwoTowerBatchedLinear(nn.Module):
-    """
-    `num_towers` independent linear layers applied as one batched matmul; weight [towers, in, out].
-
-    The weight is stored input-major (GPT-2's Conv1D layout), so that the batched matmul and its weight
-    gradient need no transposed copy.
-    """
-
-    def __init__(self, num_towers: int, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_towers, in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(num_towers, out_features))
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # [towers, ..., in] -> [towers, ..., out]
-        num_towers, *middle, in_features = hidden_states.shape
-        flat = hidden_states.reshape(num_towers, math.prod(middle), in_features)  # explicit sizes: a dimension may be 0
-        out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight)
-        return out.view(num_towers, *middle, self.weight.shape[-1])
-
-
-class TwoTowerBatchedLayerNorm(nn.Module):
-    """One LayerNorm per tower; weight and bias [towers, hidden]."""
-
-    def __init__(self, num_towers: int, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(num_towers, hidden_size))
-        self.bias = nn.Parameter(torch.zeros(num_towers, hidden_size))
-        self.eps = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # [towers, ..., hidden]
-        shape = (hidden_states.shape[0],) + (1,) * (hidden_states.dim() - 2) + (hidden_states.shape[-1],)
-        normalized = F.layer_norm(hidden_states, hidden_states.shape[-1:], eps=self.eps)
-        return normalized * self.weight.view(shape) + self.bias.view(shape)
 
 
 def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -115,10 +77,12 @@ class TwoTowerAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
         self.is_causal = not config.bidirectional
-        self.q_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.k_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.v_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.o_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.q_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.k_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.v_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.o_proj = TwoTowerBlockLinear(
+            config.num_towers, config.hidden_size, config.hidden_size, writes_residual=True
+        )
 
     def _to_heads(self, states: torch.Tensor) -> torch.Tensor:
         # [towers, batch, seq, hidden] -> [batch, towers * heads, seq, head_dim], tower-major head order
@@ -154,8 +118,10 @@ class TwoTowerAttention(nn.Module):
 class TwoTowerMLP(nn.Module):
     def __init__(self, config: TwoTowerConfig):
         super().__init__()
-        self.up_proj = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.intermediate_size)
-        self.down_proj = TwoTowerBatchedLinear(config.num_towers, config.intermediate_size, config.hidden_size)
+        self.up_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.intermediate_size)
+        self.down_proj = TwoTowerBlockLinear(
+            config.num_towers, config.intermediate_size, config.hidden_size, writes_residual=True
+        )
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states):
@@ -189,122 +155,11 @@ class TwoTowerDecoderLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
-class TwoTowerProbes(nn.Module):
-    """
-    Probes that each read one tower's slice of the normalized concatenation, all batched along a probe dimension.
-
-    `num_replicas` probes per tower, tower-major: probe `t * num_replicas + r` is replica r of tower t, each with
-    its own initial weights, so that the preference can be tested against the spread between probes of one
-    tower. `probe_type` "mlp" is the paper's probe (Linear, GELU, LayerNorm, Linear to the vocabulary; not
-    tied); "linear" is softmax regression on the slice (the vocabulary projection alone), a convex problem with
-    one optimum. Probes are trained in the probe phase on a frozen model and are what the preference
-    measurement reads. The independent-towers control uses this module (one MLP per tower) as its LM heads.
-    """
-
-    def __init__(self, config: TwoTowerConfig, num_replicas: int = 1, probe_type: str = "mlp"):
-        super().__init__()
-        self.num_towers = config.num_towers
-        self.num_replicas = num_replicas
-        self.probe_type = probe_type
-        num_probes = config.num_towers * num_replicas
-        if probe_type == "mlp":
-            self.dense = TwoTowerBatchedLinear(num_probes, config.hidden_size, config.hidden_size)
-            self.act_fn = ACT2FN[config.hidden_act]
-            self.norm = TwoTowerBatchedLayerNorm(num_probes, config.hidden_size, config.layer_norm_eps)
-        self.decoder = TwoTowerBatchedLinear(num_probes, config.hidden_size, config.vocab_size)
-
-    @property
-    def num_probes(self) -> int:
-        return self.num_towers * self.num_replicas
-
-    def per_probe(self, features: torch.Tensor) -> torch.Tensor:
-        """[towers, ...] -> [probes, ...]: each tower's features for each of its replicas (a view when possible)."""
-        if features.shape[0] == self.num_probes:
-            return features
-        if features.shape[0] != self.num_towers:
-            raise ValueError(
-                f"`features` has {features.shape[0]} rows; expected {self.num_towers} (one per tower) or "
-                f"{self.num_probes} (one per probe)."
-            )
-        if self.num_replicas == 1:
-            return features
-        expanded = features.unsqueeze(1).expand(self.num_towers, self.num_replicas, *features.shape[1:])
-        return expanded.reshape(self.num_probes, *features.shape[1:])
-
-    def transform(self, features: torch.Tensor) -> torch.Tensor:
-        # [probes, ..., hidden] -> [probes, ..., hidden], the input of the vocabulary projection
-        if self.probe_type == "linear":
-            return features
-        return self.norm(self.act_fn(self.dense(features)))
-
-    def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Full logits [probes, ..., vocab] from [towers or probes, ..., hidden]; for a few positions only."""
-        return self.decoder(self.transform(self.per_probe(features)))
-
-    def forward(
-        self, features: torch.Tensor, target_ids: torch.LongTensor, chunk_size: int | None = None
-    ) -> torch.Tensor:
-        """
-        Each probe's log-probability of `target_ids`.
-
-        Args:
-            features: [towers, batch, seq, hidden], from `probe_features` of the LM classes (or [probes, ...]).
-            target_ids: [batch, seq], aligned with `features`; -100 marks positions to skip (they give 0.0).
-            chunk_size: positions per chunk of the vocabulary projection (see `score_positions`). Only positions
-                whose target is not -100 are projected.
-
-        Returns:
-            gold log-probabilities [probes, batch, seq], float32, probes tower-major.
-        """
-        _, batch, seq, hidden = features.shape
-        if target_ids.shape != (batch, seq):
-            raise ValueError(f"`target_ids` has shape {tuple(target_ids.shape)}, expected {(batch, seq)}.")
-        features = features.reshape(features.shape[0], batch * seq, hidden)
-        targets = target_ids.reshape(-1)
-        # Only scored positions reach the vocabulary projection (a masked LM scores ~15% of them).
-        scored = (targets != -100).nonzero().squeeze(-1)
-        every_position = scored.numel() == targets.numel()  # causal LMs: nothing to gather
-        if not every_position:
-            features, targets = features.index_select(1, scored), targets.index_select(0, scored)
-        gold_logprobs = self.score_positions(features, targets, chunk_size)
-        if not every_position:
-            gold_logprobs = gold_logprobs.new_zeros(self.num_probes, batch * seq).index_copy(1, scored, gold_logprobs)
-        return gold_logprobs.view(self.num_probes, batch, seq)
-
-    def score_positions(
-        self, features: torch.Tensor, targets: torch.LongTensor, chunk_size: int | None = None
-    ) -> torch.Tensor:
-        """
-        Gold log-probabilities [probes, n] of scored positions: features [towers or probes, n, hidden], targets
-        [n] (shared by every probe) or [probes, n] (each probe its own positions, e.g. its own data order).
-
-        The vocabulary projection runs in chunks of `chunk_size` positions, by default chosen so that one chunk
-        of [probes, chunk, vocab] float32 logits stays under 256 MiB: [probes, n, vocab] logits never exist at
-        once, and under autograd chunks (when there are several) are recomputed in backward instead of kept.
-        """
-        transformed = self.transform(self.per_probe(features))
-        targets = targets.expand(self.num_probes, -1)
-        num_positions = targets.shape[1]
-        if chunk_size is None:
-            chunk_size = max(1, PROBE_LOGITS_CHUNK_BYTES // (4 * self.num_probes * self.decoder.weight.shape[-1]))
-        # Under autograd, chunks are recomputed in backward rather than kept; one chunk is kept, since backward
-        # starts with it (nothing runs after the probes) and recomputing it would not lower the peak.
-        recompute = num_positions > chunk_size and torch.is_grad_enabled()
-        recompute = recompute and (transformed.requires_grad or self.decoder.weight.requires_grad)
-        chunks = [transformed.new_zeros(self.num_probes, 0, dtype=torch.float32)]  # a batch may score nothing
-        for start in range(0, num_positions, chunk_size):
-            args = (transformed[:, start : start + chunk_size], targets[:, start : start + chunk_size])
-            if recompute:
-                chunks.append(checkpoint(self._gold_logprobs, *args, use_reentrant=False))
-            else:
-                chunks.append(self._gold_logprobs(*args))
-        return torch.cat(chunks, dim=1)
-
-    def _gold_logprobs(self, transformed: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
-        # [probes, chunk, hidden] -> [probes, chunk, vocab] -> [probes, chunk]; one fused log-softmax kernel
-        # (forward and backward) is faster than gold logit minus logsumexp, which makes several passes
-        logprobs = self.decoder(transformed).float().log_softmax(dim=-1)
-        return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+def _torch_default_linear_(weight: torch.Tensor, bias: torch.Tensor, in_features: int):
+    # nn.Linear's own initialisation (kaiming_uniform with a = sqrt(5)) is U(+-1/sqrt(fan_in)), for the bias too
+    bound = 1 / math.sqrt(in_features)
+    init.uniform_(weight, -bound, bound)
+    init.uniform_(bias, -bound, bound)
 
 
 class TwoTowerPreTrainedModel(PreTrainedModel):
@@ -312,11 +167,14 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
     config_class = TwoTowerConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["TwoTowerDecoderLayer", "TwoTowerLSTMTowers"]
+    _no_split_modules = ["TwoTowerDecoderLayer", "TwoTowerLSTMTowers", "TwoTowerELMoTowers"]
     _supports_sdpa = True
     _supports_attention_backend = True
 
     def _init_weights(self, module):
+        if self.config.initialization == "reference":
+            self._init_reference_weights(module)
+            return
         super()._init_weights(module)  # nn.Linear (incl. the decoder's output bias), nn.Embedding, *LayerNorm, LSTM
         if isinstance(module, TwoTowerBatchedLinear):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
@@ -325,25 +183,65 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    def _init_reference_weights(self, module):
+        """The reference code's initialisation of each weight kind (the table in TwoTowerConfig's docstring)."""
+        std = self.config.initializer_range
+        is_decoder = module is getattr(self, "lm_head", None)  # its weight is the tied embedding
+        if isinstance(module, nn.Embedding) or is_decoder:
+            if self.config.layout == "gpt":  # GPT-2's _init_weights
+                init.normal_(module.weight, mean=0.0, std=std)
+            else:  # the reference's pt_emb / position_embeddings: .uniform_(-0.02, 0.02)
+                init.uniform_(module.weight, -std, std)
+        if is_decoder:
+            init.zeros_(module.bias)  # the output bias
+        elif isinstance(module, nn.Embedding):
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.Linear):
+            _torch_default_linear_(module.weight, module.bias, module.in_features)
+        elif isinstance(module, TwoTowerBlockLinear):
+            # DeepSpeed's kernel and GPT-2 alike: N(0, std), the residual writers scaled by 1/sqrt(2 L)
+            depth_scale = 1 / math.sqrt(2 * self.config.num_hidden_layers) if module.writes_residual else 1.0
+            init.normal_(module.weight, mean=0.0, std=std * depth_scale)
+            init.zeros_(module.bias)
+        elif isinstance(module, TwoTowerBatchedLinear):  # the per-tower projections and the probes: plain nn.Linear
+            _torch_default_linear_(module.weight, module.bias, module.weight.shape[1])
+        elif isinstance(module, nn.LSTM):
+            for param in module.parameters():  # nn.LSTM's own initialisation
+                init.uniform_(param, -1 / math.sqrt(module.hidden_size), 1 / math.sqrt(module.hidden_size))
+        elif isinstance(module, (nn.LayerNorm, TwoTowerBatchedLayerNorm)):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
 
 class TwoTowerModel(TwoTowerPreTrainedModel):
-    """Shared embedding, per-tower projections and stacks, and the normalized concatenation of the towers."""
+    """
+    Shared embedding, each tower's stack, and the normalized concatenation of the towers, laid out as the
+    config's `layout` says (the reference code's BERT, GPT or ELMo variant; see TwoTowerConfig).
+    """
 
     def __init__(self, config: TwoTowerConfig):
         if config.bidirectional is None:
-            config.bidirectional = False
+            config.bidirectional = config.layout == "elmo"
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
-        self.embed_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
-        if config.tower_type == "lstm":
-            self.lstm_towers = TwoTowerLSTMTowers(config)
+        if config.layout == "elmo":
+            # No positions: direction norms, shifting and the per-tower projections live in the ELMo towers.
+            self.elmo_towers = TwoTowerELMoTowers(config)
         else:
-            self.layers = nn.ModuleList(
-                [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
-            )
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
+            if config.layout == "bert":  # gpt: no embedding norm, no projection
+                self.embed_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+                self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
+            if config.tower_type == "lstm":
+                self.lstm_towers = TwoTowerLSTMTowers(config)
+            else:
+                self.layers = nn.ModuleList(
+                    [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+                )
+        if config.layout == "gpt":  # each tower's final LayerNorm (GPT-2's ln_f)
+            self.tower_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
         if config.cooperative:
             self.fusion_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
         else:
@@ -361,6 +259,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
     def _check_inputs(self, input_ids, inputs_embeds, past_seen_tokens, use_cache, output_attentions):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+        _check_input_shape(input_ids, inputs_embeds)
         if self.config.tower_type == "lstm" and (use_cache or output_attentions):
             option = "use_cache" if use_cache else "output_attentions"
             raise ValueError(
@@ -384,6 +283,17 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
                     f"Token id {bad} is outside [0, {vocab_size}); the tokenizer does not match this model "
                     f"(resize it with `model.resize_token_embeddings(len(tokenizer))`)."
                 )
+
+    def _tower_inputs(self, inputs_embeds, position_ids):
+        """The embedding [batch, seq, embedding_size] and, from it, each tower's input [towers, batch, seq, hidden]."""
+        embeddings = inputs_embeds + self.embed_positions(position_ids)
+        per_tower = (self.config.num_towers, *embeddings.shape)
+        if self.config.layout == "gpt":
+            # GPT-2's embedding goes to every tower as it is; each tower (a GPT2Model in the reference) draws its
+            # own dropout mask
+            return embeddings, self.dropout(embeddings.expand(per_tower))
+        embeddings = self.dropout(self.embed_norm(embeddings))
+        return embeddings, self.tower_proj(embeddings.expand(per_tower))
 
     def _attention_mask(self, inputs_embeds, attention_mask, cache, position_ids, output_attentions):
         # Attention weights come from the eager path, which needs the mask SDPA would skip.
@@ -435,12 +345,18 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
 
-        embeddings = self.dropout(self.embed_norm(inputs_embeds + self.embed_positions(position_ids)))
-        hidden_states = self.tower_proj(embeddings.expand(self.config.num_towers, *embeddings.shape))
+        if self.config.layout == "elmo":
+            # the reference shifts [PAD] (id 0) in front of each direction's sequence
+            start_id = 0 if self.config.pad_token_id is None else self.config.pad_token_id
+            embeddings = inputs_embeds
+            hidden_states = self.elmo_towers(inputs_embeds, self.embed_tokens.weight[start_id])
+        else:
+            embeddings, hidden_states = self._tower_inputs(inputs_embeds, position_ids)
         all_hidden_states = (embeddings,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         if self.config.tower_type == "lstm":
-            hidden_states = self.lstm_towers(hidden_states)
+            if self.config.layout == "bert":
+                hidden_states = self.lstm_towers(hidden_states)
             if output_hidden_states:
                 all_hidden_states += (_concat_towers(hidden_states),)
         else:
@@ -454,10 +370,14 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
                 if output_attentions:
                     all_attentions += (attn_weights,)
 
+        if self.config.layout == "gpt":
+            hidden_states = self.tower_norm(hidden_states)
         if self.config.cooperative:
             fused_hidden_states = self.fusion_norm(_concat_towers(hidden_states))
         else:
             fused_hidden_states = _concat_towers(self.fusion_norm(hidden_states))
+        if self.config.layout == "elmo":  # the reference's ELMo drops out the fused features too
+            fused_hidden_states = self.dropout(fused_hidden_states)
         output = TwoTowerModelOutputWithPast(
             last_hidden_state=fused_hidden_states,
             cache=cache if use_cache else None,
@@ -466,6 +386,39 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             tower_hidden_states=hidden_states if output_tower_hidden_states else None,
         )
         return output if return_dict else output.to_tuple()
+
+
+def _check_input_shape(input_ids, inputs_embeds):
+    # one clear error before any work, instead of an IndexError or an empty reduction deep inside the towers
+    if input_ids is not None and input_ids.dim() != 2:
+        raise ValueError(
+            f"`input_ids` has shape {tuple(input_ids.shape)}; pass token ids of shape [batch, seq] (one sequence: "
+            f"`input_ids[None]`; more dimensions: `input_ids.view(-1, input_ids.shape[-1])`)."
+        )
+    if inputs_embeds is not None and inputs_embeds.dim() != 3:
+        raise ValueError(
+            f"`inputs_embeds` has shape {tuple(inputs_embeds.shape)}; pass embeddings of shape "
+            f"[batch, seq, embedding_size]."
+        )
+    inputs = input_ids if input_ids is not None else inputs_embeds
+    if inputs is not None and inputs.shape[0] * inputs.shape[1] == 0:
+        name = "input_ids" if input_ids is not None else "inputs_embeds"
+        raise ValueError(
+            f"`{name}` has shape {tuple(inputs.shape)}, no tokens; pass at least one sequence of at least one token."
+        )
+
+
+def _check_label_values(labels: torch.LongTensor, vocab_size: int):
+    # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
+    if torch.compiler.is_compiling():
+        return
+    bad = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
+    if bool(bad.any()):
+        raise ValueError(
+            f"`labels` holds {labels[bad][0].item()}, neither a token id in [0, {vocab_size}) nor -100 (ignored); "
+            f"pass this model's token ids, with -100 where nothing is predicted (a tokenizer larger than the model: "
+            f"`model.resize_token_embeddings(len(tokenizer))`)."
+        )
 
 
 def _concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -494,6 +447,11 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
     towers_bidirectional = False  # what the objective needs of the towers
 
     def __init__(self, config: TwoTowerConfig):
+        if config.layout == "elmo" and not self.towers_bidirectional:
+            raise ValueError(
+                f"{type(self).__name__} cannot have layout='elmo', the reference's forward + backward ELMo (a masked-"
+                f"family model): use TwoTowerForMaskedLM, or layout='bert' with tower_type='lstm' for a causal LSTM LM."
+            )
         if config.bidirectional is None:
             config.bidirectional = self.towers_bidirectional
         if config.bidirectional != self.towers_bidirectional:
@@ -557,12 +515,15 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
 
     def _lm_forward(self, input_ids, labels, target_ids, logits_to_keep, model_kwargs, loss_kwargs):
         """Run the towers, the head and the loss; `target_ids` are the labels aligned with each position."""
+        _check_input_shape(input_ids, model_kwargs.get("inputs_embeds"))
         reference = input_ids if input_ids is not None else model_kwargs.get("inputs_embeds")
         if labels is not None and reference is not None and labels.shape != reference.shape[:2]:
             raise ValueError(
                 f"`labels` has shape {tuple(labels.shape)} but the inputs have shape {tuple(reference.shape[:2])}; "
                 f"pass labels aligned with input_ids."
             )
+        if labels is not None:
+            _check_label_values(labels, self.config.vocab_size)
         outputs = self.model(input_ids=input_ids, return_dict=True, **model_kwargs)
         loss = None
         if self.config.cooperative:
@@ -623,7 +584,7 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         # a config checks the values before any weight is replaced
         type(self.config)(**{**self.config.to_dict(), "probe_replicas": probe_replicas, "probe_type": probe_type})
         self.config.probe_replicas, self.config.probe_type = probe_replicas, probe_type
-        reference = self.model.tower_proj.weight
+        reference = self.model.embed_tokens.weight
         probes = TwoTowerProbes(self.config, probe_replicas, probe_type).to(reference.device, reference.dtype)
         probes.apply(self._init_weights)
         self.probes = probes
@@ -640,7 +601,8 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         return embeddings
 
     def _resized_decoder(self, decoder: TwoTowerBatchedLinear) -> TwoTowerBatchedLinear:
-        resized = TwoTowerBatchedLinear(decoder.weight.shape[0], self.config.hidden_size, self.config.vocab_size)
+        num_probes, in_features, _ = decoder.weight.shape
+        resized = TwoTowerBatchedLinear(num_probes, in_features, self.config.vocab_size)
         resized.to(device=decoder.weight.device, dtype=decoder.weight.dtype)
         self._init_weights(resized)
         kept = min(decoder.weight.shape[-1], self.config.vocab_size)
@@ -652,8 +614,9 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
 
 class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
     """
-    The two-tower causal LM (GPT-style transformer towers, or forward LSTM towers). `probes` hold one probe
-    per tower, untrained until the probe phase; `probe_logprobs` is what the preference measurement reads.
+    The two-tower causal LM: causal transformer towers (layout bert, or the reference's GPT layout), or this
+    package's forward LSTM towers. `probes` hold one probe per tower, untrained until the probe phase;
+    `probe_logprobs` is what the preference measurement reads.
     """
 
     towers_bidirectional = False
@@ -744,9 +707,9 @@ def _next_token_targets(labels: torch.LongTensor) -> torch.LongTensor:
 
 class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
     """
-    The two-tower masked LM (the paper's main, BERT-style model): bidirectional transformer towers, or
-    ELMo-style forward + backward LSTM towers where position t reads its left and right context only.
-    Labels are the original ids at the positions to predict (-100 elsewhere), not shifted.
+    The two-tower masked LM (the paper's main, BERT-style model): bidirectional transformer towers, or forward +
+    backward LSTM towers (the reference's ELMo layout, or this package's) where position t reads its left and
+    right context only. Labels are the original ids at the positions to predict (-100 elsewhere), not shifted.
     """
 
     towers_bidirectional = True

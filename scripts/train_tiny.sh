@@ -11,10 +11,15 @@ out="${2:-$repo/outputs/tiny}"
 . "$repo/scripts/install.sh"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 corpus=(--train_file "$data/train.txt" --validation_file "$data/valid.txt")
+# Running the script again continues an interrupted phase from its newest checkpoint and leaves a finished one as
+# it is; a phase that saved no checkpoint starts over.
+continuation() {
+  if compgen -G "$1/checkpoints/*" > /dev/null; then echo --resume_from_checkpoint latest; else echo --overwrite_output_dir; fi
+}
 
-python -m twotower.training.train --recipe tiny --output_dir "$out/pretrain" "${corpus[@]}"
+python -m twotower.training.train --recipe tiny --output_dir "$out/pretrain" "${corpus[@]}" $(continuation "$out/pretrain")
 python -m twotower.training.train --recipe tiny_probe --output_dir "$out/probe" \
-  --pretrained_model "$out/pretrain/model" "${corpus[@]}"
+  --pretrained_model "$out/pretrain/model" "${corpus[@]}" $(continuation "$out/probe")
 python -m twotower.evaluation.score --model_dir "$out/probe/model" --output_dir "$out/report" \
   --validation_file "$data/valid.txt"
 echo "Model with trained probes: $out/probe/model"

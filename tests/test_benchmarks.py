@@ -18,7 +18,7 @@ from benchmarks.baselines import (
     num_parameters,
     training_flops_per_token,
 )
-from benchmarks.measure import PeakTensorMemory, time_interleaved
+from benchmarks.measure import PeakFlops, PeakTensorMemory, time_interleaved
 from benchmarks.report import update_document
 from benchmarks.settings_search import (
     SearchRow,
@@ -31,6 +31,8 @@ from benchmarks.settings_search import (
 )
 from benchmarks.workloads import Setting, why_unsupported
 from modeling_twotower import TwoTowerConfig
+from twotower.training import throughput
+from twotower.training.throughput import resolve_peak_flops
 
 # Odd sizes, so that a mis-reshaped tensor fails loudly.
 BATCH, SEQ, VOCAB, HIDDEN, LAYERS, HEADS, FFN = 3, 7, 99, 12, 2, 3, 37
@@ -116,6 +118,59 @@ def test_gpt2_scoring_is_the_language_models_own_log_probability():
 
 
 # ---------------------------------------------------------------- measurement
+
+
+def test_a_given_peak_wins_over_the_datasheet(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert resolve_peak_flops(torch.device("cuda"), torch.bfloat16, 123.0) == (123e12, "given with --peak_tflops")
+    with pytest.raises(ValueError, match="--peak_tflops 0.0 must be a positive number"):
+        resolve_peak_flops(torch.device("cpu"), torch.float32, 0.0)
+
+
+@pytest.mark.parametrize(
+    "device_name, dtype, float32_precision, tflops, source",
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, "highest", 989.4, "H100 dense bf16 peak (datasheet)"),
+        ("NVIDIA H100 PCIe", torch.bfloat16, "highest", 756.5, "H100 PCIe dense bf16 peak (datasheet)"),
+        ("NVIDIA H100 NVL", torch.float16, "highest", 835.5, "H100 NVL dense fp16 peak (datasheet)"),
+        ("NVIDIA H200", torch.float32, "highest", 67.0, "H200 dense fp32 peak (datasheet)"),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, "high", 156.0, "A100 dense tf32 peak (datasheet)"),
+    ],
+    ids=["H100-bf16", "H100-PCIe-bf16", "H100-NVL-fp16", "H200-fp32", "A100-tf32"],
+)
+def test_a_known_gpu_gets_its_datasheet_peak_for_the_dtype(
+    monkeypatch, device_name, dtype, float32_precision, tflops, source
+):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: float32_precision)
+    assert resolve_peak_flops(torch.device("cuda"), dtype) == (tflops * 1e12, source)
+    if dtype == torch.bfloat16:  # the benchmark's MFU peak, in bf16 on accelerators
+        peak = PeakFlops(torch.device("cuda"))
+        assert (peak.value, peak.source, peak.is_measured) == (tflops * 1e12, source, False)
+
+
+def test_on_the_cpu_the_peak_is_a_measured_matmul_rate(monkeypatch):
+    timings = []
+    real_measure = throughput.measure_peak_flops
+
+    def measure(device, dtype):
+        timings.append(real_measure(device, dtype))
+        return timings[-1]
+
+    monkeypatch.setattr(throughput, "measure_peak_flops", measure)
+    value, source = resolve_peak_flops(torch.device("cpu"), torch.float32)
+    assert source == "measured: float32 square-matmul rate" and [value] == timings and value > 1e8
+
+
+def test_the_benchmark_keeps_the_best_measured_rate(monkeypatch):
+    planted_rates = iter([3e9, 9e9, 4e9, 12e9])  # three timings before the run, then one after a round
+    monkeypatch.setattr(throughput, "measure_peak_flops", lambda device, dtype: next(planted_rates))
+    monkeypatch.setattr("benchmarks.measure.measure_peak_flops", lambda device, dtype: next(planted_rates))
+    peak = PeakFlops(torch.device("cpu"))
+    assert peak.value == 9e9 and peak.is_measured
+    assert peak.source == "measured: best float32 square-matmul rate of the run"
+    peak.sample()
+    assert peak.value == 12e9
 
 
 def test_peak_tensor_memory_counts_live_storages_once():

@@ -1,6 +1,7 @@
 """The `evaluate` module in evaluation/tower_preference: offline load, compute/add_batch, doctests, Space files."""
 
 import doctest
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")  # before evaluate reads its c
 
 import evaluate  # noqa: E402
 
+from modeling_twotower import TwoTowerConfig  # noqa: E402
 from twotower.evaluation import compute_preference  # noqa: E402
 
 
@@ -135,6 +137,64 @@ def test_bad_input_raises_a_clear_error(tower_preference, inputs, message):
         tower_preference.compute(**inputs)
 
 
+GOLD = [[-1.0, -2.0], [-3.0, -1.0], [-1.2, -2.1], [-3.1, -0.8]]
+
+
+@pytest.mark.parametrize(
+    "token_ids, message",
+    [
+        ([1.5, 2, 1, 2], r"got 1.5 \(float\) at prediction 0"),  # the int64 feature truncated it to 1
+        ([1, 2.0, 1, 2], r"got 2.0 \(float\) at prediction 1"),
+        ([1, "2", 1, 2], r"got '2' \(str\) at prediction 1"),  # the feature read it as 2
+        (["a", "b", "c", "d"], r"got 'a' \(str\) at prediction 0"),
+        ([True, False, True, False], r"got True \(bool\) at prediction 0"),  # the feature read it as 1
+        ([1, None, 1, 2], r"got None \(NoneType\) at prediction 1"),
+        ([[1, 2], [3], [1], [2]], "flat list of integers"),
+        ([[1], [2], [1], [2]], r"flat list of integers.*shape \(4, 1\)"),
+        (np.array([1.0, 2.0, 1.0, 2.0]), r"got 1.0 \(float\) at prediction 0"),
+    ],
+    ids=["float", "integral-float", "digit-string", "string", "bool", "none", "ragged", "nested", "float-array"],
+)
+def test_non_integer_token_ids_are_refused(tower_preference, token_ids, message):
+    with pytest.raises(ValueError, match=f"token_ids must be .*{message}"):
+        tower_preference.compute(token_ids=token_ids, gold_logprobs=GOLD, min_count=2)
+
+
+def test_one_prediction_at_a_time_is_checked_too(tower_preference):
+    with pytest.raises(ValueError, match=r"got 2.5 \(float\) at prediction 0"):
+        tower_preference.add(token_ids=2.5, gold_logprobs=GOLD[0])
+
+
+def test_integer_token_ids_of_any_integer_type_are_accepted(tower_preference):
+    expected = tower_preference.compute(token_ids=[11, 12, 11, 12], gold_logprobs=GOLD, min_count=2)
+    for token_ids in (np.array([11, 12, 11, 12], dtype=np.int32), np.array([11, 12, 11, 12], dtype=np.uint16)):
+        assert tower_preference.compute(token_ids=token_ids, gold_logprobs=GOLD, min_count=2) == expected
+    assert expected["token_ids"] == [11, 12] and expected["count"] == [2, 2]
+
+
+def test_text_log_probabilities_are_refused(tower_preference):
+    with pytest.raises(ValueError, match="gold_logprobs must be numbers"):
+        tower_preference.compute(token_ids=[1, 2, 1, 2], gold_logprobs=[["-1.0", "-2.0"]] * 4, min_count=2)
+
+
+def test_untrained_probes_are_refused_and_trained_ones_scored(tower_preference, tmp_path):
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=64)
+    inputs = dict(token_ids=[11, 12, 11, 12], gold_logprobs=GOLD, min_count=2)
+    expected = tower_preference.compute(**inputs)
+    for model_config in (config, config.to_dict()):
+        with pytest.raises(ValueError, match="untrained probes.*--recipe tiny_probe --pretrained_model MODEL_DIR"):
+            tower_preference.compute(**inputs, model_config=model_config)
+    config.save_pretrained(tmp_path)  # a folder, as a pretrain run saves it (its training config says so too)
+    (tmp_path / "training_config.yaml").write_text("phase: pretrain\n")
+    with pytest.raises(ValueError, match=f"{tmp_path} has untrained probes.*--pretrained_model {tmp_path} "):
+        tower_preference.compute(**inputs, model_config=str(tmp_path))
+    (tmp_path / "training_config.yaml").write_text("phase: probe\n")  # saved by a probe phase before the record
+    assert tower_preference.compute(**inputs, model_config=tmp_path) == expected
+    config.probe_training_steps = 250  # what the probe phase records now
+    assert tower_preference.compute(**inputs, model_config=config) == expected
+    assert json.loads(config.to_json_string())["probe_training_steps"] == 250
+
+
 def test_docstring_examples(tower_preference):
     module = sys.modules[type(tower_preference).__module__]
     failures, attempted = doctest.testmod(module, raise_on_error=False)
@@ -158,6 +218,12 @@ def test_folder_is_an_evaluate_space():
     assert metadata["sdk"] == "gradio" and metadata["app_file"] == "app.py"
     assert {"evaluate", "metric"} <= set(metadata["tags"])
     assert all(section in body for section in CARD_SECTIONS)
-    assert "launch_gradio_widget" in (METRIC_DIR / "app.py").read_text()
-    requirements = (METRIC_DIR / "requirements.txt").read_text()
-    assert all(package in requirements for package in ("evaluate", "numpy", "scipy"))
+    requirements = (METRIC_DIR / "requirements.txt").read_text().split()
+    assert all(package in requirements for package in ("numpy", "pyyaml")) and "evaluate>=0.4.6" in requirements
+    # The Space runs the gradio of its sdk_version, pinned alike in requirements.txt, at or past the fix of every
+    # advisory known against gradio (the latest: GHSA-j36p-7w88-g82j, fixed in 6.16.0).
+    assert f"gradio=={metadata['sdk_version']}" in requirements
+    assert tuple(int(part) for part in str(metadata["sdk_version"]).split(".")) >= (6, 16, 0)
+    # evaluate's launch_gradio_widget builds gr.inputs.Dataframe, which gradio removed in 4.0: the app builds its own
+    app = (METRIC_DIR / "app.py").read_text()
+    assert "launch_gradio_widget" not in app and "gr.Interface(" in app

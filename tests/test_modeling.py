@@ -66,6 +66,14 @@ def test_presets_match_the_paper():
         2048,
     )
     assert large.num_towers == 3 and large.fused_hidden_size == 1536
+    for name, (layers, heads, hidden) in {"gpt-base": (12, 12, 384), "gpt-large": (24, 16, 512)}.items():
+        gpt = TwoTowerConfig.from_preset(name)  # the reference's get_model_config("base_2tower" / "large_2tower")
+        assert (gpt.num_hidden_layers, gpt.num_attention_heads, gpt.hidden_size) == (layers, heads, hidden)
+        assert (gpt.intermediate_size, gpt.embedding_size, gpt.max_position_embeddings) == (4 * hidden, hidden, 128)
+        assert (gpt.layout, gpt.hidden_act, gpt.layer_norm_eps) == ("gpt", "gelu_new", 1e-5)  # GPT-2's config
+    paper_sized = [name for name in modeling_twotower.PRESETS if name != "tiny"]
+    assert {TwoTowerConfig.from_preset(name).initialization for name in paper_sized} == {"reference"}
+    assert base.layout == large.layout == "bert" and TwoTowerConfig.from_preset("tiny").initialization == "normal"
     with pytest.raises(ValueError, match="Unknown preset 'huge'"):
         TwoTowerConfig.from_preset("huge")
 
@@ -91,6 +99,12 @@ def test_model_type_is_namespaced_and_config_round_trips(tmp_path):
         (dict(hidden_act="swishy"), "Unknown `hidden_act` 'swishy'"),
         (dict(hidden_dropout=1.5), "hidden_dropout.*\\[0, 1\\)"),
         (dict(embedding_size=0), "`embedding_size` must be a positive integer .*num_towers \\* hidden_size = 24"),
+        (dict(layout="t5"), r"Unknown `layout` 't5'; use one of \['bert', 'gpt', 'elmo'\]"),
+        (dict(layout="gpt", tower_type="lstm"), "layout='gpt' has transformer towers, not tower_type='lstm'"),
+        (dict(layout="gpt", embedding_size=24), r"layout='gpt' .* `embedding_size` must equal hidden_size \(12\)"),
+        (dict(layout="elmo", hidden_size=15, num_attention_heads=5), "use an even hidden_size, e.g. 16"),
+        (dict(layout="elmo", bidirectional=False), "layout='elmo' is .* use TwoTowerForMaskedLM"),
+        (dict(initialization="xavier"), r"Unknown `initialization` 'xavier'; use one of \['normal', 'reference'\]"),
     ],
 )
 def test_invalid_config_raises_a_clear_error(fields, message):
@@ -120,7 +134,8 @@ def test_parameters_follow_the_paper_architecture():
 
 
 def test_embedding_size_narrows_the_embedding_and_the_tied_decoder(tmp_path):
-    # The reference code's GPT variant: an h-wide embedding, and Linear(towers * h -> h) before the decoder.
+    # The bert layout with an h-wide embedding (the reference's GPT variant is layout="gpt"): Linear(towers * h -> h)
+    # before the decoder, and the embedding norm and per-tower projections kept.
     model = tiny_model(embedding_size=HIDDEN)
     assert model.config.fused_hidden_size == 2 * HIDDEN and tiny_config().embedding_size == 2 * HIDDEN
     assert model.model.embed_tokens.weight.shape == (VOCAB, HIDDEN)
@@ -246,8 +261,9 @@ def test_hidden_states_attentions_and_tuple_outputs():
     assert base(input_ids).last_hidden_state.shape == (BATCH, SEQ, 2 * HIDDEN)
 
 
-def test_inputs_embeds_equal_input_ids_and_batch_equals_single_examples():
-    model = tiny_model()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_inputs_embeds_equal_input_ids_and_batch_equals_single_examples(layout):
+    model = tiny_model(layout=layout)
     input_ids = random_ids()
     logits = model(input_ids).logits
     embeds = model.get_input_embeddings()(input_ids)
@@ -256,17 +272,19 @@ def test_inputs_embeds_equal_input_ids_and_batch_equals_single_examples():
         torch.testing.assert_close(model(input_ids[b : b + 1]).logits[0], logits[b], rtol=1e-5, atol=1e-5)
 
 
-def test_sdpa_and_eager_agree():
-    sdpa = tiny_model()
-    eager = tiny_model()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_sdpa_and_eager_agree(layout):
+    sdpa = tiny_model(layout=layout)
+    eager = tiny_model(layout=layout)
     eager.set_attn_implementation("eager")
     assert sdpa.config._attn_implementation == "sdpa"
     input_ids = random_ids()
     torch.testing.assert_close(sdpa(input_ids).logits, eager(input_ids).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_every_parameter_receives_a_gradient():
-    model = tiny_model().train()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_every_parameter_receives_a_gradient(layout):
+    model = tiny_model(layout=layout).train()
     input_ids = random_ids()
     loss = model(input_ids, labels=input_ids).loss - model.probe_logprobs(input_ids).sum()
     loss.backward()
@@ -274,11 +292,12 @@ def test_every_parameter_receives_a_gradient():
     assert missing == []
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_gradient_checkpointing_gives_the_same_gradients(layout):
     input_ids = random_ids()
     grads = []
     for checkpointing in (False, True):
-        model = tiny_model(hidden_dropout=0.0, attention_dropout=0.0).train()
+        model = tiny_model(layout=layout, hidden_dropout=0.0, attention_dropout=0.0).train()
         if checkpointing:
             model.activation_checkpointing_enable()
             assert model.model.layers[0].gradient_checkpointing
@@ -323,8 +342,9 @@ def test_probe_logprobs_equal_full_log_softmax_and_are_chunked():
         torch.testing.assert_close(recomputed, kept, rtol=1e-5, atol=1e-6)
 
 
-def test_probe_logprobs_ignore_padding_and_train_only_the_probes():
-    model = tiny_model()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_probe_logprobs_ignore_padding_and_train_only_the_probes(layout):
+    model = tiny_model(layout=layout)
     input_ids = random_ids()
     attention_mask = torch.ones_like(input_ids)
     attention_mask[0, -2:] = 0
@@ -386,8 +406,9 @@ def test_reset_probes_draws_new_replicas_and_the_config_follows(tmp_path):
 # ---------------------------------------------------------------- generation
 
 
-def test_greedy_generation_with_cache_equals_without_cache():
-    model = tiny_model()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_greedy_generation_with_cache_equals_without_cache(layout):
+    model = tiny_model(layout=layout)
     input_ids = random_ids(seq=5)
     with_cache = model.generate(input_ids, max_new_tokens=8, do_sample=False)
     without_cache = model.generate(input_ids, max_new_tokens=8, do_sample=False, use_cache=False)
@@ -399,8 +420,9 @@ def test_greedy_generation_with_cache_equals_without_cache():
     torch.testing.assert_close(step.logits[:, -1], model(with_cache[:, :6]).logits[:, -1], rtol=1e-5, atol=1e-5)
 
 
-def test_left_padded_batch_generates_like_each_prompt_alone():
-    model = tiny_model(pad_token_id=0)
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_left_padded_batch_generates_like_each_prompt_alone(layout):
+    model = tiny_model(layout=layout, pad_token_id=0)
     prompts = [random_ids(1, 6, seed=4)[0].clamp(min=1), random_ids(1, 3, seed=5)[0].clamp(min=1)]
     input_ids = torch.zeros(2, 6, dtype=torch.long)
     attention_mask = torch.zeros(2, 6, dtype=torch.long)
@@ -438,13 +460,28 @@ def test_bad_inputs_raise_clear_errors():
         model(random_ids(), labels=random_ids(seq=6))
     with pytest.raises(ValueError, match="exactly one of `input_ids` or `inputs_embeds`"):
         model.model()
+    with pytest.raises(ValueError, match=r"`labels` holds 99, neither a token id in \[0, 99\) nor -100"):
+        model(random_ids(), labels=random_ids().masked_fill(torch.eye(BATCH, SEQ, dtype=torch.bool), 99))
+    with pytest.raises(ValueError, match="`labels` holds -1, neither"):
+        model(random_ids(), labels=torch.full((BATCH, SEQ), -1))
+    with pytest.raises(ValueError, match=r"`input_ids` has shape \(1, 0\), no tokens; pass at least one sequence"):
+        model(torch.ones(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`input_ids` has shape \(0, 4\), no tokens"):
+        model(torch.ones(0, 4, dtype=torch.long), labels=torch.ones(0, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`input_ids` has shape \(2, 3, 4\); pass token ids of shape \[batch, seq\]"):
+        model(torch.ones(2, 3, 4, dtype=torch.long), labels=torch.ones(2, 3, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`input_ids` has shape \(4,\); .*\(one sequence: `input_ids\[None\]`"):
+        model.model(torch.ones(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"`inputs_embeds` has shape \(4, 24\); pass embeddings of shape"):
+        model(inputs_embeds=torch.zeros(4, 2 * HIDDEN))
 
 
 # ---------------------------------------------------------------- saving, loading, sharing
 
 
-def test_save_and_load_reproduce_logits_exactly_through_auto_classes(tmp_path):
-    model = tiny_model()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_save_and_load_reproduce_logits_exactly_through_auto_classes(layout, tmp_path):
+    model = tiny_model(layout=layout)
     input_ids = random_ids()
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
@@ -512,18 +549,19 @@ def test_loading_in_bfloat16(tmp_path):
 def test_device_map_auto_uses_no_split_modules(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     model = TwoTowerForCausalLM.from_pretrained(tmp_path, device_map="auto")
-    assert set(model._no_split_modules) == {"TwoTowerDecoderLayer", "TwoTowerLSTMTowers"}
+    assert set(model._no_split_modules) == {"TwoTowerDecoderLayer", "TwoTowerLSTMTowers", "TwoTowerELMoTowers"}
     assert torch.equal(model(random_ids()).logits, tiny_model()(random_ids()).logits)
 
 
-def test_resize_token_embeddings_resizes_everything_sized_by_the_vocabulary():
-    model = tiny_model()
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
+def test_resize_token_embeddings_resizes_everything_sized_by_the_vocabulary(layout):
+    model = tiny_model(layout=layout)
     input_ids = random_ids()
     logits = model(input_ids).logits
     probe_logits = model.probes.logits(model.probe_features(input_ids))
     model.resize_token_embeddings(VOCAB + 29, pad_to_multiple_of=64)
     assert model.config.vocab_size == 128
-    assert model.model.embed_tokens.weight.shape == (128, 2 * HIDDEN)
+    assert model.model.embed_tokens.weight.shape == (128, model.config.embedding_size)
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.bias.shape == (128,)
     assert model.probes.decoder.weight.shape == (2, HIDDEN, 128)
     torch.testing.assert_close(model(input_ids).logits[..., :VOCAB], logits)

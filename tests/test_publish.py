@@ -4,6 +4,7 @@ One tiny model is trained (pretrain, then probes) and scored once per session; t
 are mocked, so these tests run offline.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -18,9 +19,10 @@ import evaluate
 import numpy as np
 import pytest
 import torch
+import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from modeling_twotower import TwoTowerForCausalLM
 from twotower.evaluation.publish_metric import SPACE_FILES, stage_metric_space
@@ -28,8 +30,9 @@ from twotower.evaluation.publish_metric import main as publish_metric_main
 from twotower.evaluation.score import score_model
 from twotower.evaluation.tower_preference.preference_stats import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
+from twotower.training.errors import TwoTowerUserError
 from twotower.training.publish import main as publish_main
-from twotower.training.publish import stage_model_repo
+from twotower.training.publish import portable, stage_model_repo
 from twotower.training.train import training_function
 from transformers import AutoTokenizer
 
@@ -104,8 +107,81 @@ def test_staged_repo_holds_the_model_code_tokenizer_configs_and_report(trained_r
     config = json.loads((staged_repo / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_twotower.TwoTowerForCausalLM"
     assert (staged_repo / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
-    assert (staged_repo / "evaluation/preference.json").read_text() == (report_dir / "preference.json").read_text()
+    report = json.loads((report_dir / "preference.json").read_text())
+    assert json.loads((staged_repo / "evaluation/preference.json").read_text()) == portable(report)
     assert not list(staged_repo.parent.glob(".twotower-test.*")), "the temporary staging folder was left behind"
+
+
+def test_staged_repo_carries_no_local_path(trained_run, staged_repo, tmp_path_factory):
+    model_dir, report_dir = trained_run
+    local = str(tmp_path_factory.getbasetemp())  # every folder of this session lies under it
+    assert local in (model_dir / "training_config.yaml").read_text()  # the local files hold such paths...
+    assert local in (report_dir / "preference.json").read_text() and local in (report_dir / "report.md").read_text()
+    for path in staged_repo.rglob("*"):  # ...the staged ones none
+        assert path.is_dir() or local.encode() not in path.read_bytes(), path
+    staged = yaml.safe_load((staged_repo / "training_config.yaml").read_text())
+    assert staged["train_file"] == "wikitext-2/train.txt" and staged["pretrained_model"] == "pretrain/model"
+    assert staged["output_dir"] == f"{model_dir.parent.parent.name}/probe"  # the last two parts of the folder
+    report = json.loads((staged_repo / "evaluation/preference.json").read_text())
+    assert report["model"]["path"] == "probe/model" and report["data"]["validation_file"] == "wikitext-2/valid.txt"
+    assert "Model: `probe/model`" in (staged_repo / "evaluation/report.md").read_text()
+
+
+def test_saved_and_staged_tokenizers_fit_the_model_and_carry_no_loading_flags(trained_run, staged_repo):
+    model_dir, _ = trained_run
+    positions = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    for folder in (model_dir.parent.parent / "pretrain" / "model", model_dir, staged_repo):
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        assert tokenizer_config["model_max_length"] == positions == 128, folder
+        assert not {"is_local", "local_files_only"} & set(tokenizer_config), folder
+
+
+def test_the_probe_phase_records_its_steps_and_scoring_refuses_the_pretrained_model(trained_run, tmp_path):
+    model_dir, report_dir = trained_run
+    pretrained_dir = model_dir.parent.parent / "pretrain" / "model"
+    assert json.loads((model_dir / "config.json").read_text())["probe_training_steps"] == 10  # max_train_steps
+    assert json.loads((pretrained_dir / "config.json").read_text()).get("probe_training_steps") is None
+    assert TwoTowerForCausalLM.from_pretrained(model_dir).config.probe_training_steps == 10
+    with pytest.raises(TwoTowerUserError, match=f"{pretrained_dir} has untrained probes"):
+        score_model(pretrained_dir, tmp_path / "report", block_size=32, cpu=True)
+    assert json.loads((report_dir / "preference.json").read_text())["summary"]["num_predictions"] > 0
+
+
+def test_a_full_disk_while_staging_removes_the_staging_folder(trained_run, tmp_path, monkeypatch):
+    model_dir, report_dir = trained_run
+    copyfile, copied = shutil.copyfile, []
+
+    def fill_the_disk_on_the_second_file(source, target):
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        copied.append(copyfile(source, target))
+
+    monkeypatch.setattr(shutil, "copyfile", fill_the_disk_on_the_second_file)
+    for stage, output_dir in (
+        (lambda: stage_model_repo(model_dir, tmp_path / "repo", REPO_ID, report_dir), tmp_path / "repo"),
+        (lambda: stage_metric_space(tmp_path), tmp_path / "tower_preference"),
+    ):
+        copied.clear()
+        with pytest.raises(TwoTowerUserError, match=f"(?i)no space left on device while writing {output_dir}"):
+            stage()
+        assert copied and list(tmp_path.iterdir()) == [], "a staging folder was left behind"
+
+
+def test_damaged_or_diverged_weights_are_not_published(trained_run, tmp_path):
+    model_dir, _ = trained_run
+    damaged = tmp_path / "damaged"
+    shutil.copytree(model_dir, damaged)
+    data = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(data[:-100])
+    with pytest.raises(TwoTowerUserError, match=f"{damaged / 'model.safetensors'} is not a readable safetensors"):
+        stage_model_repo(damaged, tmp_path / "repo", REPO_ID)
+    weights = load_file(model_dir / "model.safetensors")
+    name = sorted(weights)[0]
+    save_file({**weights, name: torch.full_like(weights[name], float("inf"))}, damaged / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(TwoTowerUserError, match=f"holds non-finite weights \\(NaN or infinity\\) in `{name}`"):
+        stage_model_repo(damaged, tmp_path / "repo", REPO_ID)
+    assert not (tmp_path / "repo").exists()
 
 
 def test_card_metadata_validates_offline_and_holds_the_real_numbers(trained_run, staged_repo):

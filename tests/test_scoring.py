@@ -1,17 +1,22 @@
 """The scoring command on a tiny model trained here, its report folder, and the comparison of two reports."""
 
+import errno
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation import PreferenceAccumulator, compute_preference
 from twotower.evaluation import compare, report, score
+from twotower.training.cli import run
+from twotower.training.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
 
@@ -52,6 +57,7 @@ def train_tiny_model(train_blocks, vocab_size):
         (-model.probes(features, batch["input_ids"][:, 1:]).mean()).backward()
         optimizer.step()
         optimizer.zero_grad()
+    model.config.probe_training_steps = TRAIN_STEPS  # what the probe phase records; scoring refuses without it
     return model.eval()
 
 
@@ -203,15 +209,15 @@ def test_scored_blocks_are_the_training_commands(scored):
     def input_ids(blocks):  # [blocks, block_size]
         return blocks.with_format("torch")[:]["input_ids"]
 
-    tokenizer = scored["tokenizer"]
+    tokenizer, model_dir = scored["tokenizer"], str(scored["model_dir"])  # the model folder names its block format
     files = dict(train_file=str(scored["train_file"]), validation_file=str(scored["validation_file"]))
     # a validation file alone, or with the training file: the validation blocks training evaluated on
     for data in (files, {"validation_file": files["validation_file"]}):
-        args = score.ScoringArguments(model_dir="unused", output_dir="unused", block_size=BLOCK_SIZE, **data)
+        args = score.ScoringArguments(model_dir=model_dir, output_dir="unused", block_size=BLOCK_SIZE, **data)
         torch.testing.assert_close(input_ids(score.load_blocks(args, tokenizer)), input_ids(scored["blocks"]["validation"]))
     # the training text alone: the blocks held out of it, as training holds them out
     args = score.ScoringArguments(
-        model_dir="unused", output_dir="unused", block_size=BLOCK_SIZE, train_file=files["train_file"],
+        model_dir=model_dir, output_dir="unused", block_size=BLOCK_SIZE, train_file=files["train_file"],
         validation_split_percentage=10.0, max_blocks=7,
     )
     lm_datasets = tokenize_and_group(load_raw_datasets("unused", None, files["train_file"]), tokenizer, BLOCK_SIZE)
@@ -238,6 +244,7 @@ def train_probe_replicas(model, blocks, replicas):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+    model.config.probe_training_steps = TRAIN_STEPS // 2
     return model.eval()
 
 
@@ -292,3 +299,111 @@ def test_scoring_rejects_bad_arguments(scored, tmp_path):
         score.score_model(scored["model_dir"], tmp_path / "out", split="test")
     with pytest.raises(FileNotFoundError, match="not a tower preference report"):
         compare.compare_reports(scored["output_dir"], tmp_path, tmp_path / "cmp")
+
+
+def copy_model(scored, folder, config_changes=None, training_phase=None):
+    """The scored model's folder copied to `folder`, config.json updated (None values removed), a training config."""
+    shutil.copytree(scored["model_dir"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in (config_changes or {}).items():
+        config.pop(key) if value is None else config.update({key: value})
+    (folder / "config.json").write_text(json.dumps(config))
+    if training_phase is not None:
+        (folder / "training_config.yaml").write_text(f"phase: {training_phase}\n")
+    return folder
+
+
+@pytest.fixture
+def no_scoring(monkeypatch):
+    """Scoring must fail before the model runs over the data: running it fails the test."""
+    def never(*args, **kwargs):
+        raise AssertionError("the model ran over the data before the error")
+    monkeypatch.setattr(score, "stream_gold_logprobs", never)
+
+
+def test_untrained_probes_are_refused_before_scoring(scored, tmp_path, no_scoring, capsys):
+    # Saved by a pretrain run: before, a confident report with a warning; without training_config.yaml, no warning.
+    model_dir = copy_model(scored, tmp_path / "model", {"probe_training_steps": None}, training_phase="pretrain")
+    untrained = f"{model_dir} has untrained probes.*`python -m twotower.training.train --recipe tiny_probe "
+    options = dict(validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE, cpu=True)
+    with pytest.raises(TwoTowerUserError, match=f"{untrained}--pretrained_model {model_dir} --output_dir OUTPUT_DIR"):
+        score.score_model(model_dir, tmp_path / "report", **options)
+    (model_dir / "training_config.yaml").unlink()
+    with pytest.raises(TwoTowerUserError, match=untrained):
+        score.score_model(model_dir, tmp_path / "report", **options)
+    with pytest.raises(SystemExit):  # the command: one line that names the probe phase command
+        run(score.main, ["--model_dir", str(model_dir), "--output_dir", str(tmp_path / "report")])
+    stderr = capsys.readouterr().err
+    assert stderr.startswith(f"error: {model_dir} has untrained probes") and stderr.count("\n") == 1
+    assert "--recipe tiny_probe" in stderr and not (tmp_path / "report").exists()
+
+
+def test_a_probe_model_saved_before_the_record_is_scored(scored, tmp_path):
+    model_dir = copy_model(scored, tmp_path / "model", {"probe_training_steps": None}, training_phase="probe")
+    report_dir = tmp_path / "report"
+    written = score.score_model(
+        model_dir, report_dir, validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE, max_blocks=3,
+        min_count=MIN_COUNT, disable_tqdm=True, cpu=True,
+    )
+    assert written["data"]["num_blocks"] == 3 and (report_dir / report.PREFERENCE_JSON).is_file()
+
+
+def test_weights_that_are_damaged_or_not_finite_name_the_file(scored, tmp_path, no_scoring):
+    options = dict(validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE, cpu=True)
+    weights = load_file(scored["model_dir"] / "model.safetensors")
+    damaged = copy_model(scored, tmp_path / "damaged")
+    data = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(data[: len(data) // 2])  # an interrupted copy
+    with pytest.raises(TwoTowerUserError, match=f"{damaged / 'model.safetensors'} is not a readable safetensors file"):
+        score.score_model(damaged, tmp_path / "report", **options)
+
+    diverged = copy_model(scored, tmp_path / "diverged")
+    name = next(name for name in sorted(weights) if name.startswith("probes."))  # a probe diverged
+    save_file({**weights, name: torch.full_like(weights[name], float("nan"))}, diverged / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(TwoTowerUserError, match=f"{diverged / 'model.safetensors'} holds non-finite .* `{name}`"):
+        score.score_model(diverged, tmp_path / "report", **options)
+
+    large = copy_model(scored, tmp_path / "large")  # finite in float32, beyond float16's largest number (65504)
+    save_file({**weights, name: torch.full_like(weights[name], 1e6)}, large / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(TwoTowerUserError, match="not finite in torch.float16.*--dtype float32 or bfloat16"):
+        score.score_model(large, tmp_path / "report", dtype="float16", **options)
+
+    (damaged / "config.json").write_text("{not json")
+    with pytest.raises(TwoTowerUserError, match=f"{damaged} holds a damaged config"):
+        score.score_model(damaged, tmp_path / "report", **options)
+    assert not (tmp_path / "report").exists()
+
+
+def test_the_report_folder_is_checked_writable_before_scoring(scored, tmp_path, no_scoring, monkeypatch):
+    options = dict(validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE, cpu=True)
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    with pytest.raises(TwoTowerUserError, match=f"cannot be created: {tmp_path / 'notes.txt'} is a file"):
+        score.score_model(scored["model_dir"], tmp_path / "notes.txt" / "report", **options)
+    with pytest.raises(TwoTowerUserError, match="is the model folder; write the report elsewhere"):
+        score.score_model(scored["model_dir"], scored["model_dir"], **options)
+
+    def read_only(*args, **kwargs):  # a read-only mount (tests run as root, which any permission lets write)
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(score.tempfile, "TemporaryFile", read_only)
+    with pytest.raises(TwoTowerUserError, match=r"cannot be written \(.*: Read-only file system\)"):
+        score.score_model(scored["model_dir"], tmp_path / "report", **options)
+
+
+def test_a_full_disk_leaves_no_partial_report(scored, tmp_path, monkeypatch):
+    report_dir = tmp_path / "report"
+    shutil.copytree(scored["output_dir"], report_dir)  # an earlier report, which a failed write must not touch
+    before = {path.name: path.read_bytes() for path in report_dir.iterdir()}
+
+    def disk_full(table, path):  # the third file of the report, after preference.json and the table
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "plot_preference_histogram", disk_full)
+    with pytest.raises(TwoTowerUserError, match=f"(?i)no space left on device while writing {report_dir}"):
+        score.score_model(
+            scored["model_dir"], report_dir, validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE,
+            max_blocks=3, min_count=MIN_COUNT, disable_tqdm=True, cpu=True,
+        )
+    assert {path.name: path.read_bytes() for path in report_dir.iterdir()} == before  # no staging folder either

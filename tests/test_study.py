@@ -39,7 +39,7 @@ MICRO_STUDY = {
         "num_warmup_steps": 1,
         "eval_steps": 6,
         "max_eval_blocks": 4,
-        "checkpointing_steps": 0,
+        "checkpointing_steps": None,  # no step checkpoints: only at the end of an epoch
         "per_device_train_batch_size": 8,
     },
     "probe": {
@@ -49,7 +49,7 @@ MICRO_STUDY = {
         "eval_steps": 3,
         "early_stopping_patience": 1,
         "max_eval_blocks": 4,
-        "checkpointing_steps": 0,
+        "checkpointing_steps": None,  # no step checkpoints: only at the end of an epoch
         "per_device_train_batch_size": 8,
     },
     "scoring": {"batch_size": 8, "min_count": 5},
@@ -82,6 +82,15 @@ def micro_study(tmp_path_factory, shared_data):
     output_dir = root / "out"
     report = run_study(recipe, data_dir, output_dir, command="micro study")
     return {"recipe": recipe, "data_dir": data_dir, "output_dir": output_dir, "report": report}
+
+
+def markdown_rows(text):
+    """The cells of every Markdown table row of a document, stripped (header rows included, separator rows not)."""
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ]
 
 
 def run_summary(micro_study, name):
@@ -168,10 +177,10 @@ def test_report_renders_the_replica_figures(micro_study):
     assert row["excess_difference_nats"] == pytest.approx(
         figures["two_tower_difference_nats"] - figures["same_tower_floor_nats"]
     )
-    table_row = f"| causal-t2-s0 | books | {figures['perplexity']['joint']:.1f} |"
-    assert table_row in text
+    (table_row,) = [cells for cells in markdown_rows(text) if cells[:2] == ["causal-t2-s0", "books"]]
+    assert table_row[2] == f"{figures['perplexity']['joint']:.1f}"
     low, high = figures["reliability_ci"]
-    assert f"{figures['reliability']:.3f} ({low:.3f} to {high:.3f})" in text
+    assert table_row[6] == f"{figures['reliability']:.3f} ({low:.3f} to {high:.3f})"
 
     # the cross-seed correlation is compare_preferences over the two seeds' eligible replica-mean preferences
     (causal_books,) = [r for r in study["cross_seed"] if r["family"] == "causal" and r["text"] == "books"]
@@ -182,6 +191,70 @@ def test_report_renders_the_replica_figures(micro_study):
     assert causal_books["correlation"] == pytest.approx(expected["correlation"])
     reliabilities = [r["reliability"] for r in study["runs"] if r["family"] == "causal" and r["text"] == "books"]
     assert causal_books["ceiling"] == pytest.approx(np.sqrt(np.prod(np.maximum(reliabilities, 0))))
+
+
+def test_report_states_the_figures_of_its_runs(micro_study):
+    text = micro_study["report"].read_text()
+    lines = text.splitlines()
+    study = json.loads((micro_study["report"].parent / "study.json").read_text())
+    runs = study["runs"]
+
+    # verdicts: each family's figures averaged over its run/text pairs, recomputed from study.json
+    for family in ("causal", "control"):
+        group = [row for row in runs if row["family"] == family]
+        mean = {key: np.mean([row[key] for row in group]) for key in group[0] if isinstance(group[0][key], float)}
+        low, high = min(row["reliability_ci_low"] for row in group), max(row["reliability_ci_high"] for row in group)
+        above = sum(row["two_tower_difference_nats"] > row["same_tower_floor_nats"] for row in group)
+        assert f"- **{family}** ({len(group)} run/text pairs, {NUM_REPLICAS} probe replicas per tower):" in lines
+        assert (
+            f"  - reliability {mean['reliability']:.3f} on average (95% intervals from {low:.3f} to {high:.3f}); "
+            f"with one probe per tower {mean['reliability_single_probe']:.3f}."
+        ) in lines
+        assert (
+            f"  - {100 * mean['significant_share']:.1f}% of eligible token types prefer one tower beyond probe noise "
+            f"(replica-level test), against {100 * mean['occurrence_significant_share']:.1f}% by the occurrence-level "
+            "test, which ignores probe noise."
+        ) in lines
+        assert (
+            f"  - probes of two towers differ by {mean['two_tower_difference_nats']:.3f} nats per token type, probes "
+            f"of one tower by {mean['same_tower_floor_nats']:.3f} (the noise floor): above the floor in {above} of "
+            f"{len(group)} run/text pairs."
+        ) in lines
+    excess = {
+        family: np.mean([row["excess_difference_nats"] for row in runs if row["family"] == family])
+        for family in ("causal", "control")
+    }
+    assert f"two-tower difference above the floor by {excess['causal']:.3f} vs {excess['control']:.3f} nats." in text
+
+    # across seeds: the verdict sentence and the table row of each (family, text)
+    for row in study["cross_seed"]:
+        figures = f"{row['correlation']:.3f} (largest p-value over seed pairs {max(row['p_values']):.2g}; ceiling "
+        verdict = "**recurs**" if row["recurs"] else "**does not recur**"
+        assert f"  - across 2 seeds on {row['text']} (2 towers): matched correlation {figures}" in text
+        assert f"{row['ceiling']:.3f}): the split {verdict} across seeds" in text
+        expected_cells = [row["family"], "2", row["text"], "2", f"{row['correlation']:.3f}"]
+        expected_cells += [f"{max(row['p_values']):.2g}", f"{row['ceiling']:.3f}", "yes" if row["recurs"] else "no"]
+        assert expected_cells in markdown_rows(text)
+
+    # runs table: one row per run and text, with its figures
+    table = markdown_rows(text)
+    for row in runs:
+        (cells,) = [cells for cells in table if cells[:2] == [row["run"], row["text"]]]
+        assert cells[5] == f"{row['global_offset_nats']:.3f}"
+        shares = ("reliability_single_probe", "significant_share", "occurrence_significant_share")
+        differences = ("two_tower_difference_nats", "same_tower_floor_nats")
+        assert cells[7:12] == [f"{row[key]:.3f}" for key in shares + differences]
+        assert cells[12] == str(row["num_eligible_types"])
+
+    # token categories: each seed's share of a category's types preferring the first seed's tower 0
+    per_seed = study["categories"]["books"]["causal-t2"]
+    for record in per_seed["causal-t2-s0"]["kind"]:
+        shares = []
+        for seed in ("causal-t2-s0", "causal-t2-s1"):
+            (match,) = [r for r in per_seed[seed]["kind"] if r["category"] == record["category"]]
+            share = match[f"num_preferring_tower{match['tower_of_reference_0']}"] / match["num_types"]
+            shares.append(f"{share:.2f}" + ("*" if match["q_value"] < 0.05 else ""))
+        assert ["kind", record["category"], str(record["num_types"]), *shares] in table
 
 
 def test_finished_runs_are_not_repeated(micro_study, monkeypatch):

@@ -29,6 +29,7 @@ from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.early_stopping import EarlyStopping
+from twotower.training.errors import TwoTowerUserError
 from twotower.training.phases import (
     build_model,
     final_model_and_state_dict,
@@ -443,8 +444,8 @@ BAD_INPUTS = {
     "block larger than positions": (dict(block_size=129), ValueError, "exceeds the model's max_position_embeddings"),
     "probe of a folder without a model": (dict(phase="probe", pretrained_model="{tmp}"), FileNotFoundError,
                                           "has no config.json"),
-    "missing checkpoint (latest)": (dict(resume_from_checkpoint="latest"), FileNotFoundError, "no checkpoint in"),
-    "missing checkpoint (path)": (dict(resume_from_checkpoint="{tmp}/step_5"), FileNotFoundError,
+    "missing checkpoint (latest)": (dict(resume_from_checkpoint="latest"), TwoTowerUserError, "no checkpoint in"),
+    "missing checkpoint (path)": (dict(resume_from_checkpoint="{tmp}/step_5"), TwoTowerUserError,
                                   "is not a checkpoint folder"),
     "hub push without a repository": (dict(push_to_hub=True), ValueError, "hub_model_id"),
     "unknown phase": (dict(phase="finetune"), ValueError, "`phase` is 'finetune'"),

@@ -1,4 +1,7 @@
-"""The paper's other towers: masked-LM (BERT-style), LSTM (ELMo-style) and the independent-towers control."""
+"""
+The paper's other towers: masked-LM (BERT-style), the reference's GPT and ELMo layouts, this package's LSTM towers
+and the independent-towers control.
+"""
 
 import os
 import subprocess
@@ -39,13 +42,21 @@ def changed_at(input_ids, position):
 
 
 def lstm_fields(**kwargs):
+    """This package's LSTM towers in the bert layout (the CPU recipes tiny_lstm and tiny_elmo)."""
     return dict(tower_type="lstm", lstm_hidden_size=20, **kwargs)
+
+
+def elmo_fields(**kwargs):
+    """The reference's ELMo layout: per tower a forward and a backward LM of width 8, cells of 20."""
+    return dict(layout="elmo", lstm_hidden_size=20, **kwargs)
 
 
 @pytest.mark.parametrize("preset, lstm_hidden_size", [("elmo-base", 2048), ("elmo-large", 4096)])
 def test_elmo_presets_follow_the_paper(preset, lstm_hidden_size):
     config = TwoTowerConfig.from_preset(preset)
-    assert (config.tower_type, config.hidden_size, config.num_hidden_layers) == ("lstm", 256, 2)
+    # the reference's TwoTowerELMo: model_size 256 per direction, 2 layers, fused width 4 * 256, embedding 2 * 256
+    assert (config.layout, config.tower_type, config.hidden_size, config.num_hidden_layers) == ("elmo", "lstm", 512, 2)
+    assert (config.fused_hidden_size, config.embedding_size, config.probe_hidden_size) == (1024, 512, 256)
     assert config.lstm_hidden_size == lstm_hidden_size and config.use_cache is False
 
 
@@ -56,8 +67,10 @@ def test_elmo_presets_follow_the_paper(preset, lstm_hidden_size):
         (TwoTowerForMaskedLM, lstm_fields()),
         (TwoTowerForCausalLM, lstm_fields()),
         (TwoTowerForCausalLM, dict(cooperative=False)),
+        (TwoTowerForCausalLM, dict(layout="gpt")),
+        (TwoTowerForMaskedLM, elmo_fields()),
     ],
-    ids=["masked", "elmo", "causal-lstm", "control"],
+    ids=["masked", "masked-lstm", "causal-lstm", "control", "gpt", "elmo"],
 )
 def test_every_family_takes_a_tower_wide_embedding(model_class, fields, tmp_path):
     model = build(model_class, embedding_size=16, **fields).train()
@@ -114,8 +127,9 @@ def test_masked_lm_probes_score_labelled_positions_only():
         torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-6)
 
 
-def test_bidirectional_lstm_prediction_for_a_position_never_reads_its_own_token():
-    model = build(TwoTowerForMaskedLM, **lstm_fields())
+@pytest.mark.parametrize("fields", [lstm_fields(), elmo_fields()], ids=["bert-layout", "elmo-layout"])
+def test_bidirectional_lstm_prediction_for_a_position_never_reads_its_own_token(fields):
+    model = build(TwoTowerForMaskedLM, **fields)
     input_ids = random_ids()
     logits = model(input_ids).logits
     for position in (0, 4, SEQ - 1):
@@ -143,9 +157,10 @@ def test_causal_lstm_reads_only_the_past_and_generates(lstm_hidden_size, proj_si
     assert torch.equal(generated, sequence)
 
 
+@pytest.mark.parametrize("layout", ["bert", "gpt"])
 @pytest.mark.parametrize("model_class", [TwoTowerForCausalLM, TwoTowerForMaskedLM])
-def test_control_towers_share_nothing_after_the_embedding(model_class):
-    model = build(model_class, cooperative=False)
+def test_control_towers_share_nothing_after_the_embedding(model_class, layout):
+    model = build(model_class, cooperative=False, layout=layout)
     assert not hasattr(model, "lm_head") and not model.config.tie_word_embeddings
     input_ids = random_ids()
     before = model.probe_features(input_ids)
@@ -182,8 +197,16 @@ def test_control_loss_is_the_sum_of_each_towers_own_loss():
         (TwoTowerForMaskedLM, {}),
         (TwoTowerForMaskedLM, dict(cooperative=False)),
         (TwoTowerForCausalLM, lstm_fields()),
+        (TwoTowerForCausalLM, dict(layout="gpt")),
+        (TwoTowerForCausalLM, dict(layout="gpt", cooperative=False)),
+        (TwoTowerForMaskedLM, dict(layout="gpt")),
+        (TwoTowerForMaskedLM, elmo_fields()),
+        (TwoTowerForMaskedLM, elmo_fields(cooperative=False)),
     ],
-    ids=["causal", "causal-control", "masked", "masked-control", "lstm"],
+    ids=[
+        "causal", "causal-control", "masked", "masked-control", "lstm", "gpt", "gpt-control", "gpt-masked", "elmo",
+        "elmo-control",
+    ],  # fmt: skip
 )
 def test_one_pass_of_the_towers_gives_the_joint_logits_and_every_probes_logprobs(model_class, fields):
     model = build(model_class, **fields)
@@ -218,14 +241,21 @@ def test_options_that_do_not_fit_a_variant_fail_clearly():
         TwoTowerForCausalLM(tiny_config(bidirectional=True))
     with pytest.raises(ValueError, match="pass `labels`"):
         build(TwoTowerForMaskedLM).probe_logprobs(random_ids())
+    with pytest.raises(ValueError, match="TwoTowerForCausalLM cannot have layout='elmo'.* use TwoTowerForMaskedLM"):
+        build(TwoTowerForCausalLM, **elmo_fields())
+    with pytest.raises(ValueError, match="layout='elmo' has lstm towers, not tower_type='transformer'"):
+        tiny_config(layout="elmo", tower_type="transformer")
 
 
 def test_every_variant_round_trips_through_save_and_remote_code(tmp_path):
     variants = {
         "masked": (TwoTowerForMaskedLM, {}),
-        "elmo": (TwoTowerForMaskedLM, lstm_fields()),
+        "masked_lstm": (TwoTowerForMaskedLM, lstm_fields()),
         "lstm_causal": (TwoTowerForCausalLM, lstm_fields()),
         "control": (TwoTowerForCausalLM, dict(cooperative=False)),
+        "gpt": (TwoTowerForCausalLM, dict(layout="gpt", initialization="reference")),
+        "gpt_control": (TwoTowerForCausalLM, dict(layout="gpt", cooperative=False)),
+        "elmo_reference": (TwoTowerForMaskedLM, elmo_fields(initialization="reference")),
     }
     input_ids = random_ids()
     expected = {}
@@ -244,8 +274,10 @@ def test_every_variant_round_trips_through_save_and_remote_code(tmp_path):
         import torch
         from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
         expected = torch.load("expected.pt")
-        auto = {"masked": AutoModelForMaskedLM, "elmo": AutoModelForMaskedLM,
-                "lstm_causal": AutoModelForCausalLM, "control": AutoModelForCausalLM}
+        auto = {"masked": AutoModelForMaskedLM, "masked_lstm": AutoModelForMaskedLM,
+                "lstm_causal": AutoModelForCausalLM, "control": AutoModelForCausalLM,
+                "gpt": AutoModelForCausalLM, "gpt_control": AutoModelForCausalLM,
+                "elmo_reference": AutoModelForMaskedLM}
         for name, auto_class in auto.items():
             model = auto_class.from_pretrained(name, trust_remote_code=True)
             assert type(model).__module__.startswith("transformers_modules"), type(model).__module__

@@ -275,7 +275,7 @@ def test_options_that_do_not_fit_a_family_fail_clearly(pipeline_run, corpus, sha
         TwoTowerTrainingConfig(objective="mlm")
     with pytest.raises(ValueError, match="`tower_type` is 'gru'; choose one of"):
         TwoTowerTrainingConfig(tower_type="gru")
-    with pytest.raises(ValueError, match="`mask_passes` must be a positive integer"):
+    with pytest.raises(ValueError, match="`mask_passes` must be >= 1"):
         score_model(pipeline_run["probe"]["model_dir"], tmp_path / "c", validation_file=corpus["validation_file"],
                     mask_passes=0)  # fmt: skip
 

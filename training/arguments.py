@@ -1,25 +1,108 @@
 """Every knob of a training run in one dataclass, and how recipes and the command line fill it in."""
 
+import argparse
 import dataclasses
+import difflib
+import math
 import os
+import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from accelerate.utils import LoggerType
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
-from modeling_twotower.configuration_twotower import PRESETS, PROBE_TYPES, TOWER_TYPES
+from modeling_twotower.configuration_twotower import (
+    INITIALIZATIONS,
+    LAYOUTS,
+    PRESETS,
+    PROBE_TYPES,
+    TOWER_TYPES,
+    TwoTowerConfig,
+)
 
 from .atomic import write_text_atomically
-
+from .data import BLOCK_FORMATS
+from .errors import TwoTowerUserError
 from .objectives import OBJECTIVES
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 PHASES = ("pretrain", "probe")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 PROBE_FEATURE_CACHES = ("memory", "disk")
+# the parameters AdamW does not decay: ours; the reference BERT's (its DeepSpeed layers' LayerNorms and every bias,
+# ttlm/model.py prepare_optimizer_parameters); the reference GPT's and ELMo's (none: they have no such method)
+WEIGHT_DECAY_EXCLUSIONS = ("norms_and_biases", "tower_norms_and_biases", "none")
+PROBE_GRAD_CLIPPINGS = ("joint", "per_probe")
 RESOLVED_CONFIG_NAME = "training_config.yaml"
 RUN_RECORDS = ("probe_runs",)  # what a run writes about itself into its resolved config: read back, never options
+# the transformers schedules that need nothing but the step counts (the others need a metric or extra arguments)
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "inverse_sqrt")
+TRACKERS = (*(tracker.value for tracker in LoggerType), "none")
+HUB_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
+TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "text", type(None): "unset (null)"}
+MAX_SEED = 2**32 - 1  # numpy's seed range, which set_seed also seeds
+BYTE_LEVEL_ALPHABET = 256  # a trained BPE holds every byte, plus its special tokens
+# The allowed range of every bounded option: (test, requirement in words). A None value (where the field allows
+# it) means "unset" and is never tested; UNSET_MEANS says what unset does, for the error message.
+# The data and compute options that scoring shares with training (evaluation/score.py) take the same ranges.
+SHARED_OPTION_RANGES = {
+    "validation_split_percentage": (lambda v: 0 <= v < 100, "in [0, 100)"),
+    "block_size": (lambda v: v >= 1, ">= 1"),
+    "preprocessing_num_workers": (lambda v: v >= 1, ">= 1"),
+    "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
+}
+OPTION_RANGES = {
+    **SHARED_OPTION_RANGES,
+    "max_train_blocks": (lambda v: v >= 1, ">= 1"),
+    "max_eval_blocks": (lambda v: v >= 1, ">= 1"),
+    "mlm_probability": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "hidden_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "attention_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "learning_rate": (lambda v: v > 0, "> 0"),
+    "adam_beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_epsilon": (lambda v: v > 0, "> 0"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "num_warmup_steps": (lambda v: v >= 0, ">= 0"),
+    "per_device_train_batch_size": (lambda v: v >= 1, ">= 1"),
+    "per_device_eval_batch_size": (lambda v: v >= 1, ">= 1"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, ">= 1"),
+    "num_train_epochs": (lambda v: v >= 1, ">= 1"),
+    "max_train_steps": (lambda v: v >= 1, ">= 1"),
+    "seed": (lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]"),
+    "probe_replicas": (lambda v: v >= 1, ">= 1 (probes per tower)"),
+    "probe_batch_positions": (lambda v: v >= 1, ">= 1"),
+    "probe_l2": (lambda v: v >= 0, ">= 0"),
+    "probe_tolerance": (lambda v: v > 0, "> 0"),
+    "checkpointing_steps": (lambda v: v >= 1, ">= 1"),
+    "checkpoints_total_limit": (lambda v: v >= 1, ">= 1 (checkpoints kept)"),
+    "logging_steps": (lambda v: v >= 1, ">= 1"),
+    "eval_steps": (lambda v: v >= 1, ">= 1"),
+    "peak_tflops": (lambda v: v > 0, "> 0"),
+    "early_stopping_patience": (lambda v: v >= 1, ">= 1 (evaluations without improvement before stopping)"),
+    "early_stopping_threshold": (lambda v: v >= 0, ">= 0"),
+}
+UNSET_MEANS = {
+    "max_train_blocks": "use every training block",
+    "max_eval_blocks": "use every validation block",
+    "preprocessing_num_workers": "tokenize in one process",
+    "hidden_dropout": "keep the preset's",
+    "attention_dropout": "keep the preset's",
+    "max_train_steps": "train --num_train_epochs epochs",
+    "probe_chunk_size": "let the probes choose",
+    "probe_batch_positions": "use the positions of a step of blocks",
+    "checkpointing_steps": "checkpoint at the end of each epoch only",
+    "eval_steps": "evaluate at the end of each epoch only",
+    "peak_tflops": "measure the device's peak at the start",
+    "early_stopping_patience": "train without early stopping",
+}
 
 
 @dataclass
@@ -35,6 +118,9 @@ class TwoTowerTrainingConfig:
     validation_file: str | None = None  # same forms; without it (or a validation split) train is split
     validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with a fixed seed
     block_size: int = 128  # tokens per training sequence (the paper's context length)
+    block_format: str = "contiguous"  # contiguous: the running token stream cut every block_size tokens |
+    # sentence_pairs: the reference code's blocks, [CLS] sentences [SEP] sentences [SEP] [PAD]... (whole sentences
+    # from an anchor every block_size tokens; needs [CLS], [SEP] and [PAD], e.g. the bert-base-uncased WordPiece)
     max_train_blocks: int | None = None  # use only the first N training blocks (quick runs); None = all
     max_eval_blocks: int | None = None  # use only the first N validation blocks; None = all
     preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
@@ -51,20 +137,23 @@ class TwoTowerTrainingConfig:
     mlm_probability: float = 0.15  # masked transformer towers: share of tokens selected (80/10/10 replaced)
 
     # model (pretrain phase): a preset plus optional overrides; None keeps the preset's value
-    model_preset: str = "tiny"  # tiny | base | large | elmo-base | elmo-large (modeling_twotower PRESETS)
-    tower_type: str | None = None  # transformer | lstm (ELMo-style; the elmo presets set it)
+    model_preset: str = "tiny"  # tiny | base | large | gpt-base | gpt-large | elmo-base | elmo-large (PRESETS)
+    layout: str | None = None  # bert | gpt | elmo: the reference code's variant (the gpt and elmo presets set it)
+    tower_type: str | None = None  # transformer | lstm (None: the layout's; lstm in the bert layout: this
+    # package's LSTM towers, as in recipes tiny_lstm and tiny_elmo)
     num_towers: int | None = None
     hidden_size: int | None = None  # width of ONE tower
     num_hidden_layers: int | None = None  # layers per tower
     num_attention_heads: int | None = None  # heads per tower
     intermediate_size: int | None = None  # MLP width of one tower
     lstm_hidden_size: int | None = None  # LSTM towers (elmo presets): cell size
-    embedding_size: int | None = None  # shared embedding and tied decoder; None = num_towers * hidden_size (the
-    # paper's); hidden_size = the reference code's GPT variant, about the FLOPs of a GPT-2 as deep as all towers
+    embedding_size: int | None = None  # shared embedding and tied decoder; None = the layout's (bert: num_towers *
+    # hidden_size; gpt: hidden_size); hidden_size in the bert layout: about the FLOPs of a GPT-2 as deep as all towers
     cooperative: bool | None = None  # False: the independent-towers control (one LM head and loss per tower)
     max_position_embeddings: int | None = None  # positions; must be >= block_size
     hidden_dropout: float | None = None
     attention_dropout: float | None = None
+    initialization: str | None = None  # normal | reference (the reference code's; the paper-sized presets set it)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more compute
     torch_compile: bool = False  # torch.compile the model (inductor); pays a compile time up front
 
@@ -73,7 +162,10 @@ class TwoTowerTrainingConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_epsilon: float = 1e-8  # the paper does not set it; torch's default
-    weight_decay: float = 0.01  # applied to all weights except norms and biases
+    weight_decay: float = 0.01  # AdamW's decoupled decay of every parameter weight_decay_exclude leaves
+    weight_decay_exclude: str = "norms_and_biases"  # parameters not decayed: norms_and_biases | tower_norms_and_biases
+    # (the reference BERT's: every bias and the norms inside the towers' layers; the embedding, fusion and probe
+    # norms decay) | none (the reference GPT's and ELMo's: everything decays)
     max_grad_norm: float = 1.0  # gradient clipping; 0 disables
     lr_scheduler_type: str = "linear"  # any transformers.get_scheduler name; linear = warm-up then linear decay
     num_warmup_steps: int = 0  # optimizer steps of linear warm-up
@@ -100,12 +192,23 @@ class TwoTowerTrainingConfig:
     probe_l2: float = 1e-3  # linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL;
     # of 1e-4, 1e-3, 1e-2 and 3e-2 on the tiny model's features, 1e-3 gave the lowest validation loss (1e-4 overfit)
     probe_tolerance: float = 1e-4  # linear probes: L-BFGS stops when no gradient entry exceeds it
+    probe_grad_clipping: str = "joint"  # joint: max_grad_norm bounds the norm of every probe's gradient together
+    # (the tiny recipes', whose figures it keeps) | per_probe: each probe's own, so probes trained in one run step as
+    # in runs of their own, as the reference trained them (the paper recipes)
+    probe_backbone_dropout: bool = False  # cache the training features with the frozen model in train mode
+    # (dropout on: one draw per block, from the seed, static like the masks), as the reference's backbone ran in its
+    # probe phase; validation features stay dropout-free. Off by default: on the tiny recipe it left the preference
+    # as it was within noise and cost 0.9% probe perplexity (docs/FAITHFULNESS.md); the paper probe recipes set it
 
     # checkpointing
     output_dir: str = "outputs/twotower"  # model/ (final), checkpoints/, runs/ (TensorBoard) go here
     checkpointing_steps: int | None = None  # save_state every N optimizer steps (and at each epoch's end)
     checkpoints_total_limit: int = 2  # keep only the last K checkpoints
     resume_from_checkpoint: str | None = None  # "latest" (in output_dir/checkpoints) or a checkpoint folder
+    overwrite_output_dir: bool = False  # a new run in a folder that holds an earlier run removes its checkpoints/,
+    # model/, runs/ and feature cache first (other files stay); without it such a folder is refused
+    allow_config_change: bool = False  # resume although options that change the result (seed, data, model,
+    # schedule, batch...) differ from the checkpoint's; without it such a resume is refused
 
     # logging
     logging_steps: int = 10  # optimizer steps between log lines
@@ -126,80 +229,102 @@ class TwoTowerTrainingConfig:
     hub_private_repo: bool = False
 
     def __post_init__(self):
+        """Every option checked now, whichever way it came (command line, recipe, Python), before any long work."""
+        check_types(self)
         choices = {
             "phase": PHASES,
             "model_preset": tuple(PRESETS),
             "mixed_precision": (None, *MIXED_PRECISIONS),
             "objective": (None, *OBJECTIVES),
+            "layout": (None, *LAYOUTS),
             "tower_type": (None, *TOWER_TYPES),
+            "initialization": (None, *INITIALIZATIONS),
             "probe_type": PROBE_TYPES,
             "probe_feature_cache": PROBE_FEATURE_CACHES,
+            "lr_scheduler_type": LR_SCHEDULERS,
+            "block_format": BLOCK_FORMATS,
+            "weight_decay_exclude": WEIGHT_DECAY_EXCLUSIONS,
+            "probe_grad_clipping": PROBE_GRAD_CLIPPINGS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"`{name}` is {getattr(self, name)!r}; choose one of {list(allowed)}.")
-        for name in ("block_size", "per_device_train_batch_size", "per_device_eval_batch_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)!r}.")
-        if self.gradient_accumulation_steps <= 0:
-            raise ValueError(f"`gradient_accumulation_steps` must be >= 1, got {self.gradient_accumulation_steps}.")
-        if not 0 <= self.validation_split_percentage < 100:
-            raise ValueError(
-                f"`validation_split_percentage` must be in [0, 100), got {self.validation_split_percentage}."
+                raise TwoTowerUserError(f"`{name}` is {getattr(self, name)!r}; choose one of {list(allowed)}.")
+        unknown_trackers = [name for name in self.report_to.split(",") if name.strip() not in TRACKERS]
+        if unknown_trackers:
+            raise TwoTowerUserError(
+                f"`report_to` is {self.report_to!r}: {unknown_trackers} are not trackers; use a comma-separated "
+                f"list of {list(TRACKERS)}."
             )
-        if not 0.0 < self.mlm_probability < 1.0:
-            raise ValueError(f"`mlm_probability` must be in (0, 1), got {self.mlm_probability!r}.")
+        if not self.output_dir.strip():
+            raise TwoTowerUserError("`output_dir` is empty; pass --output_dir FOLDER for the model and checkpoints.")
         if self.phase == "probe" and self.pretrained_model is None:
-            raise ValueError("The probe phase needs `--pretrained_model DIR`, the folder of a pretrained model.")
+            raise TwoTowerUserError("The probe phase needs `--pretrained_model DIR`, the folder of a pretrained model.")
         self._check_probe_options()
-        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
-            raise ValueError(
-                f"`early_stopping_patience` must be >= 1 (evaluations without improvement before stopping), got "
-                f"{self.early_stopping_patience}; leave it unset to train without early stopping."
-            )
+        self._check_block_format()
         if self.early_stopping_patience is not None and not self.eval_steps:
-            raise ValueError(
+            raise TwoTowerUserError(
                 "`early_stopping_patience` watches the validation loss: it needs `--eval_steps N` (evaluate every N "
                 "optimizer steps)."
             )
-        if self.early_stopping_threshold < 0:
-            raise ValueError(f"`early_stopping_threshold` must be >= 0, got {self.early_stopping_threshold}.")
+        check_ranges(self, OPTION_RANGES, UNSET_MEANS)
+        self._check_model()
         if self.push_to_hub and not self.hub_model_id:
-            raise ValueError("`--push_to_hub` needs `--hub_model_id user/name`.")
+            raise TwoTowerUserError("`--push_to_hub` needs `--hub_model_id user/name`.")
+        if self.hub_model_id is not None and not HUB_REPO_ID.fullmatch(self.hub_model_id):
+            raise TwoTowerUserError(
+                f"`hub_model_id` is {self.hub_model_id!r}; pass `user/name` (letters, digits, '-', '_' and '.')."
+            )
+
+    def _check_block_format(self):
+        if self.block_format == "sentence_pairs" and self.phase == "pretrain" and self.tokenizer_name_or_path is None:
+            raise TwoTowerUserError(
+                "--block_format sentence_pairs needs [CLS], [SEP] and [PAD] tokens, which the BPE a run trains "
+                "has not: pass --tokenizer_name_or_path with a BERT WordPiece vocabulary (e.g. a folder holding "
+                "bert-base-uncased's vocab.txt)."
+            )
 
     def _check_probe_options(self):
-        if not isinstance(self.probe_replicas, int) or self.probe_replicas < 1:
-            raise ValueError(f"`probe_replicas` must be >= 1 (probes per tower), got {self.probe_replicas!r}.")
-        if self.probe_batch_positions is not None and self.probe_batch_positions < 1:
-            raise ValueError(
-                f"`probe_batch_positions` must be >= 1, got {self.probe_batch_positions}; leave it unset for the "
-                f"positions of a step of blocks."
-            )
-        if self.probe_l2 < 0 or self.probe_tolerance <= 0:
-            raise ValueError(
-                f"`probe_l2` must be >= 0 and `probe_tolerance` > 0, got {self.probe_l2} and {self.probe_tolerance}."
-            )
         if self.phase == "probe" and self.probe_type == "linear" and not self.max_train_steps:
-            raise ValueError(
+            raise TwoTowerUserError(
                 "--probe_type linear trains by L-BFGS iterations, one a step over the whole cache: set "
                 "--max_train_steps N (the most iterations, e.g. 500); it stops earlier at --probe_tolerance."
             )
         if self.phase == "pretrain":
             defaults = {field.name: field.default for field in dataclasses.fields(self)}
             names = ("probe_replicas", "probe_type", "probe_feature_cache", "probe_batch_positions", "probe_l2",
-                     "probe_tolerance")
+                     "probe_tolerance", "probe_grad_clipping", "probe_backbone_dropout")
             changed = [f"--{name} {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
             if changed:
-                raise ValueError(
+                raise TwoTowerUserError(
                     f"{', '.join(changed)} only apply to the probe phase; drop them, or train probes with "
                     f"`--phase probe --pretrained_model DIR`."
                 )
 
+    def _check_model(self):
+        """The architecture a pretrain run would build, and the vocabulary of the tokenizer it would train."""
+        if self.phase != "pretrain":
+            return  # the pretrained model's architecture, checked when its folder is read
+        try:
+            model_config = TwoTowerConfig.from_preset(self.model_preset, **self.model_overrides())
+        except ValueError as error:
+            raise TwoTowerUserError(f"{error} (model options over --model_preset {self.model_preset})") from error
+        if self.block_size > model_config.max_position_embeddings:
+            raise TwoTowerUserError(
+                f"--block_size {self.block_size} exceeds the model's max_position_embeddings "
+                f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
+            )
+        special_tokens = 3 if self.objective == "masked" else 1  # <|endoftext|> (+ <pad>, <mask>)
+        if self.tokenizer_name_or_path is None and self.tokenizer_vocab_size < BYTE_LEVEL_ALPHABET + special_tokens:
+            raise TwoTowerUserError(
+                f"`tokenizer_vocab_size` must be >= {BYTE_LEVEL_ALPHABET + special_tokens} (the 256 bytes and "
+                f"{special_tokens} special token(s) of a trained BPE), got {self.tokenizer_vocab_size}."
+            )
+
     def model_overrides(self) -> dict:
         """The model fields set in this config, to apply over `model_preset`."""
-        names = ("num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
+        names = ("layout", "num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
         names += ("intermediate_size", "lstm_hidden_size", "embedding_size", "cooperative", "max_position_embeddings")
-        names += ("hidden_dropout", "attention_dropout")
+        names += ("hidden_dropout", "attention_dropout", "initialization")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
@@ -217,21 +342,122 @@ def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR) -> Path:
 def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: Path = RECIPES_DIR) -> dict:
     """The options a recipe sets, checked against the fields of `config_class`."""
     path = resolve_recipe_path(recipe, recipes_dir)
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as error:
+        raise TwoTowerUserError(f"Recipe {path} is not valid YAML ({' '.join(str(error).split())}); fix it.") from error
+    if not isinstance(values, dict):
+        raise TwoTowerUserError(f"Recipe {path} holds a {type(values).__name__}; write one `option: value` per line.")
     values = {name: value for name, value in values.items() if name not in RUN_RECORDS}
-    fields = {field.name for field in dataclasses.fields(config_class)}
-    unknown = sorted(set(values) - fields)
+    fields = [field.name for field in dataclasses.fields(config_class)]
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"Recipe {path} sets unknown options {unknown}; see {config_class.__name__} for the names.")
+        raise TwoTowerUserError(
+            f"Recipe {path} sets unknown options {unknown}{_closest(unknown[0], fields)}; see "
+            f"{config_class.__name__} for the names."
+        )
     return values
+
+
+def check_types(options) -> None:
+    """
+    Every field of a dataclass of options holds its annotated type, as the command line's conversion guarantees: a
+    Python caller's "5" or "1e-3" is refused like a recipe's, a bool is no int, an int is a float; floats are finite.
+    """
+    hints = typing.get_type_hints(type(options))
+    for field in dataclasses.fields(options):
+        allowed = _plain_types(hints[field.name])
+        value = getattr(options, field.name)
+        if allowed is None or (value is None and type(None) in allowed):
+            continue
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (
+            (bool in allowed and isinstance(value, bool))
+            or (int in allowed and is_number and isinstance(value, int))
+            or (float in allowed and is_number)
+            or (str in allowed and isinstance(value, str))
+        ):
+            names = " or ".join(TYPE_NAMES[kind] for kind in allowed)
+            raise TwoTowerUserError(f"`{field.name}` is {value!r} ({type(value).__name__}); it must be {names}.")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TwoTowerUserError(f"`{field.name}` is {value!r}; it must be a finite number.")
+
+
+def _plain_types(annotation) -> tuple | None:
+    """The types an `int | None`-style annotation allows; None for anything else (lists, dicts: checked elsewhere)."""
+    is_union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    allowed = typing.get_args(annotation) if is_union else (annotation,)
+    return allowed if all(kind in (bool, int, float, str, type(None)) for kind in allowed) else None
+
+
+def check_ranges(options, ranges: dict, unset_means: dict) -> None:
+    """Each bounded option against its range (`ranges`: name -> (test, requirement in words)); None is unset."""
+    for name, (test, requirement) in ranges.items():
+        value = getattr(options, name, None)
+        if value is None or test(value):
+            continue
+        unset = f", or leave it unset to {unset_means[name]}" if name in unset_means else ""
+        raise TwoTowerUserError(f"`{name}` must be {requirement}, got {value!r}{unset}.")
+
+
+def _closest(name: str, known) -> str:
+    """' (did you mean `x`?)' for a misspelt option name, or nothing."""
+    matches = difflib.get_close_matches(name.lstrip("-").split("=")[0], list(known), n=1)
+    return f" (did you mean `{matches[0]}`?)" if matches else ""
+
+
+def convert_recipe_values(parser: HfArgumentParser, values: dict, recipe: str) -> dict:
+    """
+    A recipe's values converted exactly as the command line converts them (the type each option has in `parser`):
+    YAML reads `1e-3` as a string and keeps a quoted "5" a string, so both paths go through one conversion.
+    """
+    converted = {}
+    for name, value in values.items():
+        action = parser._option_string_actions[f"--{name}"]
+        if value is None or action.type is None:
+            converted[name] = value
+            continue
+        if isinstance(value, bool) and action.type is str:
+            raise TwoTowerUserError(
+                f"Recipe {recipe} sets `{name}: {value}`: YAML reads an unquoted yes/no/on/off/true/false as a "
+                f"boolean; quote the text you meant (e.g. `{name}: \"no\"`)."
+            )
+        try:
+            if isinstance(value, list) and action.nargs in ("+", "*"):
+                converted[name] = [action.type(str(item)) for item in value]
+            else:
+                converted[name] = action.type(str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+            kind = TYPE_NAMES[bool] if action.type is string_to_bool else TYPE_NAMES.get(action.type, "valid")
+            raise TwoTowerUserError(
+                f"Recipe {recipe} sets `{name}: {value!r}`, which is not {kind}; fix the value."
+            ) from error
+    return converted
+
+
+def parse_command_line(parser: HfArgumentParser, args: list[str]) -> list:
+    """parse_args_into_dataclasses, refusing a bad value or an unknown option (named, with the closest known one)."""
+
+    def refuse(message):  # argparse would print its usage and exit
+        raise TwoTowerUserError(f"{message} (`--help` lists the options)")
+
+    parser.error = refuse
+    *parsed, remaining = parser.parse_args_into_dataclasses(
+        args=args, return_remaining_strings=True, look_for_args_file=False
+    )
+    if remaining:
+        known = [option.lstrip("-") for action in parser._actions for option in action.option_strings]
+        raise TwoTowerUserError(f"unknown options {remaining}{_closest(remaining[0], known)}; `--help` lists them all.")
+    return parsed
 
 
 def load_config(recipe_path: str | None = None, cli_args: list[str] | None = None) -> TwoTowerTrainingConfig:
     """Defaults < recipe (YAML) < command line (`--key value`); returns the resolved config."""
     parser = HfArgumentParser(TwoTowerTrainingConfig)
     if recipe_path is not None:
-        parser.set_defaults(**{**read_recipe(recipe_path), "recipe": recipe_path})
-    (config,) = parser.parse_args_into_dataclasses(args=cli_args or [], look_for_args_file=False)
+        values = convert_recipe_values(parser, read_recipe(recipe_path), recipe_path)
+        parser.set_defaults(**{**values, "recipe": recipe_path})  # a saved config names the recipe it came from
+    (config,) = parse_command_line(parser, cli_args or [])
     return config
 
 

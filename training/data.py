@@ -1,20 +1,30 @@
 """Raw text -> blocks of `block_size` token ids, through `datasets` (batched, multi-process, cached)."""
 
+import codecs
 import glob
+from bisect import bisect_left
 from itertools import chain
 from pathlib import Path
 
 import torch
 from datasets import DatasetDict, load_dataset
+from datasets.exceptions import DatasetNotFoundError
 from torch.utils.data import DataLoader
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from .errors import TwoTowerUserError
+
 # The held-out blocks must not change with the training seed, so runs with different seeds share a validation set.
 VALIDATION_SPLIT_SEED = 0
+# contiguous: the running token stream cut every block_size tokens, no special tokens. sentence_pairs: the reference
+# code's blocks (hezq06/twotower_lm ttlm/datautil.py, WikiBookDatasetBert), see `sentence_pair_blocks`.
+BLOCK_FORMATS = ("contiguous", "sentence_pairs")
+SENTENCE_END_MARKS = (".", "!", "?")  # the reference's sentence ends: ids 1012, 999, 1029 of bert-base-uncased
+TEXT_CHECK_CHUNK = 1 << 20  # bytes read at a time when checking that a data file is UTF-8 text
 
 
 def resolve_text_files(spec: str) -> list[str]:
-    """A .txt file, a folder (its *.txt files) or a glob -> sorted list of non-empty files."""
+    """A .txt file, a folder (its *.txt files) or a glob -> sorted list of files, each checked to be UTF-8 text."""
     path = Path(spec).expanduser()
     if path.is_dir():
         files = sorted(path.glob("*.txt"))
@@ -30,8 +40,44 @@ def resolve_text_files(spec: str) -> list[str]:
         raise FileNotFoundError(f"No .txt files found for {spec!r}.")
     empty = [str(file) for file in files if file.stat().st_size == 0]
     if empty:
-        raise ValueError(f"Empty data file(s): {empty}; remove them or point to files with text.")
+        raise TwoTowerUserError(f"Empty data file(s): {empty}; remove them or point to files with text.")
+    for file in files:
+        check_text_file(file)
     return [str(file) for file in files]
+
+
+def check_text_file(path: Path) -> None:
+    """
+    Refuse, naming the file and the byte offset, a file `datasets` would fail on deep inside (not UTF-8) or read
+    as garbage (binary), and one with nothing to learn (only whitespace). One sequential read, a chunk at a time.
+    """
+    convert = f"convert it to UTF-8 text first (e.g. `iconv -f latin1 -t utf-8 {path} > converted.txt`)"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, has_text = 0, False  # offset: bytes of the file before this chunk
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(TEXT_CHECK_CHUNK):
+                if (nul := chunk.find(b"\0")) >= 0:
+                    raise TwoTowerUserError(
+                        f"{path} is not text: a NUL byte at byte offset {offset + nul} (a binary file, or UTF-16 "
+                        f"text); pass a UTF-8 text file, or {convert}."
+                    )
+                pending = len(decoder.getstate()[0])  # bytes of a character split across chunks
+                try:
+                    text = decoder.decode(chunk)
+                except UnicodeDecodeError as error:
+                    raise TwoTowerUserError(
+                        f"{path} is not UTF-8: byte 0x{error.object[error.start]:02x} at byte offset "
+                        f"{offset - pending + error.start} is not valid UTF-8; {convert}."
+                    ) from error
+                has_text = has_text or (bool(text) and not text.isspace())
+                offset += len(chunk)
+    except PermissionError as error:
+        raise TwoTowerUserError(f"Cannot read data file {path} ({error.strerror}); fix its permissions.") from error
+    if decoder.getstate()[0]:
+        raise TwoTowerUserError(f"{path} is not UTF-8: it ends inside a multi-byte character; {convert}.")
+    if not has_text:
+        raise TwoTowerUserError(f"{path} holds only whitespace: nothing to train on or score; pass a file with text.")
 
 
 def load_raw_datasets(
@@ -42,15 +88,78 @@ def load_raw_datasets(
 ) -> DatasetDict:
     """Line-per-example raw text: local files when `train_file` is set, else a Hub dataset; splits train/validation."""
     if validation_file is not None and train_file is None:
-        raise ValueError("`validation_file` is set but `train_file` is not; pass both (or neither, for a Hub dataset).")
+        raise TwoTowerUserError(
+            "`validation_file` is set but `train_file` is not; pass both (or neither, for a Hub dataset)."
+        )
     if train_file is not None:
         data_files = {"train": resolve_text_files(train_file)}
         if validation_file is not None:
             data_files["validation"] = resolve_text_files(validation_file)
         # Line breaks are kept so that byte-level tokenizers can learn and predict them.
         return load_dataset("text", data_files=data_files, keep_linebreaks=True)
-    raw_datasets = load_dataset(dataset_name, dataset_config_name)
+    try:
+        raw_datasets = load_dataset(dataset_name, dataset_config_name)
+    except (ConnectionError, DatasetNotFoundError) as error:
+        config = f" ({dataset_config_name})" if dataset_config_name else ""
+        raise TwoTowerUserError(
+            f"Could not load the Hub dataset {dataset_name!r}{config}: {error}. Check the name and the network, or "
+            f"pass --train_file/--validation_file for local text."
+        ) from error
     return DatasetDict({split: raw_datasets[split] for split in ("train", "validation") if split in raw_datasets})
+
+
+def sentence_pair_tokens(tokenizer: PreTrainedTokenizerBase) -> dict:
+    """The ids sentence-pair blocks need: {"ends": sentence-end ids, "cls", "sep", "pad"}; a clear error if missing."""
+    missing = [name for name in ("cls_token", "sep_token", "pad_token") if getattr(tokenizer, name) is None]
+    if missing:
+        raise TwoTowerUserError(
+            f"--block_format sentence_pairs needs [CLS], [SEP] and [PAD] tokens, and {type(tokenizer).__name__} "
+            f"({len(tokenizer)} tokens) has no {', '.join(missing)}; use a BERT WordPiece vocabulary (e.g. "
+            f"--tokenizer_name_or_path .../bert-base-uncased) or --block_format contiguous."
+        )
+    ends = {token for token in range(len(tokenizer)) if tokenizer.decode([token]).strip() in SENTENCE_END_MARKS}
+    if not ends:
+        raise TwoTowerUserError(
+            f"--block_format sentence_pairs cuts text after the tokens {list(SENTENCE_END_MARKS)}, and "
+            f"{type(tokenizer).__name__} has none of them; use --block_format contiguous."
+        )
+    return {"ends": ends, "cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id, "pad": tokenizer.pad_token_id}
+
+
+def sentence_pair_blocks(token_ids: list[int], block_size: int, end_ids: set, cls_id: int, sep_id: int) -> list:
+    """
+    The real tokens of a stream's sentence-pair blocks, before padding, as the reference builds them (datautil.py
+    WikiBookDatasetBert.__getitem__). A block per anchor 0, block_size, 2 * block_size, ... of the stream starts after
+    the first sentence end at or past its anchor and holds as many whole sentences as fit beside [CLS] and two [SEP],
+    split into two segments at the sentence end nearest their middle: [CLS] segment [SEP] segment [SEP]. With one
+    whole sentence, [CLS] sentence [SEP]; with none (a sentence longer than the block), [CLS] and the next
+    block_size - 1 tokens. A sentence ends at a token of `end_ids`. Blocks of neighbouring anchors may share text
+    (as the reference's do); an anchor whose block would run past the end of the stream gives none.
+    """
+    ends = [position for position, token in enumerate(token_ids) if token in end_ids]
+    blocks = []
+    for anchor in range(0, len(token_ids), block_size):
+        first_end = bisect_left(ends, anchor)
+        if first_end == len(ends):
+            break
+        start = ends[first_end] + 1  # the first sentence starting after the anchor
+        limit = start + block_size - 3  # a sentence ending before it fits beside [CLS] and two [SEP]
+        overflow = bisect_left(ends, limit)  # the first sentence end that does not fit
+        if overflow == len(ends):
+            break
+        fitting = ends[bisect_left(ends, start) : overflow]  # the ends of the whole sentences that fit
+        if not fitting:  # a sentence longer than the block: its start, cut
+            if start + block_size - 1 > len(token_ids):
+                break
+            blocks.append([cls_id, *token_ids[start : start + block_size - 1]])
+        elif len(fitting) == 1:
+            blocks.append([cls_id, *token_ids[start : fitting[0] + 1], sep_id])
+        else:
+            middle = start + (fitting[-1] - start) // 2
+            split = min(fitting[:-1], key=lambda end: abs(end - middle))  # the first of ties, as the reference's argmin
+            first, second = token_ids[start : split + 1], token_ids[split + 1 : fitting[-1] + 1]
+            blocks.append([cls_id, *first, sep_id, *second, sep_id])
+    return blocks
 
 
 def tokenize_and_group(
@@ -60,22 +169,38 @@ def tokenize_and_group(
     text_column_name: str = "text",
     num_proc: int | None = None,
     overwrite_cache: bool = False,
+    block_format: str = "contiguous",
 ) -> DatasetDict:
-    """Tokenize every split, concatenate, cut into blocks of `block_size` (each map batch's remainder is dropped)."""
+    """
+    Tokenize every split, concatenate, and cut into blocks of `block_size` (each map batch's stream on its own):
+    contiguous (the remainder dropped), or sentence pairs (`sentence_pair_blocks`) padded to block_size, with an
+    attention_mask that is 0 on the padding.
+    """
     column_names = raw_datasets["train"].column_names
     if text_column_name not in column_names:
         raise ValueError(
             f"Column {text_column_name!r} not in the dataset (columns: {column_names}); set `text_column_name`."
         )
+    if block_format not in BLOCK_FORMATS:
+        raise TwoTowerUserError(f"`block_format` is {block_format!r}; choose one of {list(BLOCK_FORMATS)}.")
+    special = sentence_pair_tokens(tokenizer) if block_format == "sentence_pairs" else None
 
     def tokenize(examples):
-        # No [CLS]/[SEP] around every line: the text is one running stream, as the causal LM reads it.
+        # No [CLS]/[SEP] around every line: the text is one running stream (sentence pairs add their own).
         return {"input_ids": tokenizer(examples[text_column_name], add_special_tokens=False)["input_ids"]}
 
     def group_texts(examples):
         concatenated = list(chain.from_iterable(examples["input_ids"]))
         total_length = (len(concatenated) // block_size) * block_size
         return {"input_ids": [concatenated[i : i + block_size] for i in range(0, total_length, block_size)]}
+
+    def group_sentence_pairs(examples):
+        concatenated = list(chain.from_iterable(examples["input_ids"]))
+        blocks = sentence_pair_blocks(concatenated, block_size, special["ends"], special["cls"], special["sep"])
+        return {
+            "input_ids": [block + [special["pad"]] * (block_size - len(block)) for block in blocks],
+            "attention_mask": [[1] * len(block) + [0] * (block_size - len(block)) for block in blocks],
+        }
 
     tokenized = raw_datasets.map(
         tokenize,
@@ -85,12 +210,13 @@ def tokenize_and_group(
         load_from_cache_file=not overwrite_cache,
         desc="Tokenizing",
     )
+    is_contiguous = block_format == "contiguous"
     return tokenized.map(
-        group_texts,
+        group_texts if is_contiguous else group_sentence_pairs,
         batched=True,
         num_proc=num_proc,
         load_from_cache_file=not overwrite_cache,
-        desc=f"Grouping into blocks of {block_size}",
+        desc=f"Grouping into {'blocks' if is_contiguous else 'sentence-pair blocks'} of {block_size}",
     )
 
 
@@ -127,7 +253,12 @@ def split_blocks(
 
 def collate_blocks(examples: list[dict]) -> dict:
     input_ids = torch.stack([example["input_ids"] for example in examples])  # [batch, block_size]
-    return {"input_ids": input_ids, "labels": input_ids}  # the model shifts labels itself
+    if "attention_mask" not in examples[0]:
+        return {"input_ids": input_ids, "labels": input_ids}  # the model shifts labels itself
+    attention_mask = torch.stack([example["attention_mask"] for example in examples])  # [batch, block_size]
+    # Padding is never a target (the reference's GPT and ELMo predicted it: ttlm/model.py, CAL_LOSS.CrossEntropyLoss).
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 def make_dataloaders(

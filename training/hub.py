@@ -5,14 +5,50 @@ module never reads, logs or prints it.
 """
 
 import os
+import sys
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, get_token, is_offline_mode
+from huggingface_hub.errors import HfHubHTTPError
+
+from .errors import TwoTowerUserError
+
+TOKENS_PAGE = "https://huggingface.co/settings/tokens"
+
+
+class HubTokenError(TwoTowerUserError, RuntimeError):
+    """No usable Hugging Face token (a RuntimeError too, as callers have long caught it)."""
 
 
 def check_hub_token() -> None:
-    """Fail before training, not after it, when no token is available."""
-    if get_token() is None:
-        raise RuntimeError("--push_to_hub needs a Hugging Face token: run `hf auth login` or set HF_TOKEN.")
+    """
+    Fail before training, not after it: a token must exist and, online, the Hub must accept it (`whoami`) with
+    write access. Offline (HF_HUB_OFFLINE=1) the Hub cannot be asked: only the token's presence is checked.
+    """
+    token = get_token()
+    if token is None:
+        raise HubTokenError("--push_to_hub needs a Hugging Face token: run `hf auth login` or set HF_TOKEN.")
+    if is_offline_mode():
+        print("note: HF_HUB_OFFLINE is set, so the Hugging Face token was not checked with the Hub.", file=sys.stderr)
+        return
+    try:
+        identity = HfApi().whoami(token=token)
+    except HfHubHTTPError as error:
+        if error.response is not None and error.response.status_code == 401:
+            raise HubTokenError(
+                f"The Hub rejects the Hugging Face token (invalid or expired): create one at {TOKENS_PAGE}, then run "
+                "`hf auth login` or set HF_TOKEN."
+            ) from error
+        raise HubTokenError(f"The Hub could not check the Hugging Face token ({error}); try again later.") from error
+    except Exception as error:  # the network: DNS, connection, timeout (huggingface_hub's HTTP client's own types)
+        raise HubTokenError(
+            f"Could not reach the Hub to check the Hugging Face token ({type(error).__name__}: {error}); check the "
+            "network, or set HF_HUB_OFFLINE=1 to skip the check (the upload still needs the network)."
+        ) from error
+    if identity.get("auth", {}).get("accessToken", {}).get("role") == "read":
+        raise HubTokenError(
+            f"The Hugging Face token of {identity.get('name', 'this account')} is read-only; uploading needs a token "
+            f"with write access ({TOKENS_PAGE})."
+        )
 
 
 def push_to_hub(

@@ -85,7 +85,10 @@ class SeededMaskingCollator(DataCollatorForLanguageModeling):
             block_ids, block_labels = self.torch_mask_tokens(block.clone().unsqueeze(0))
             masked_ids.append(block_ids)
             labels.append(block_labels)
-        return {"input_ids": torch.cat(masked_ids), "labels": torch.cat(labels)}
+        batch = {"input_ids": torch.cat(masked_ids), "labels": torch.cat(labels)}
+        if "attention_mask" in examples[0]:  # sentence-pair blocks: padding is never selected (a special token)
+            batch["attention_mask"] = torch.stack([example["attention_mask"] for example in examples])
+        return batch
 
 
 def check_tokenizer_for_objective(tokenizer, objective: str, tower_type: str) -> None:

@@ -4,11 +4,13 @@ import json
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType
 from torch import nn
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 
 from .arguments import TwoTowerTrainingConfig
+from .errors import TwoTowerUserError
 from .linear_probes import make_lbfgs
 from .objectives import objective_of
 from .tokenizer import check_tokenizer_fits, padded_vocab_size
@@ -95,13 +97,14 @@ class ProbesOnPositions(nn.Module):
     The model's probes behind a forward that scores given positions (`TwoTowerProbes.score_positions`): features
     [towers or probes, n, hidden] and targets [n] or [probes, n] -> gold log-probabilities [probes, n]. It is what
     the optimizer trains in the probe phase, so that DDP wraps the call whose gradients it syncs; its state dict
-    keys are the model's (`probes.*`).
+    keys are the model's (`probes.*`). `clip_per_probe`: `clip_gradients` clips each probe on its own.
     """
 
-    def __init__(self, probes: nn.Module, chunk_size: int | None = None):
+    def __init__(self, probes: nn.Module, chunk_size: int | None = None, clip_per_probe: bool = False):
         super().__init__()
         self.probes = probes
         self.chunk_size = chunk_size
+        self.clip_per_probe = clip_per_probe
 
     def forward(self, features: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
         return self.probes.score_positions(features, targets, self.chunk_size)
@@ -114,32 +117,71 @@ def trained_module(config: TwoTowerTrainingConfig, model, device: torch.device) 
         model.probes.requires_grad_(False)
         return model
     model.requires_grad_(False).eval().to(device)
-    return ProbesOnPositions(model.probes.requires_grad_(True), config.probe_chunk_size)
+    clip_per_probe = config.probe_grad_clipping == "per_probe"
+    return ProbesOnPositions(model.probes.requires_grad_(True), config.probe_chunk_size, clip_per_probe)
 
 
-def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: decay every weight except norms and biases (the paper's setting)."""
+def weight_decay_groups(module: nn.Module, weight_decay: float, exclude: str = "norms_and_biases") -> list[dict]:
+    """
+    AdamW groups [decayed, not decayed]. `exclude` names the parameters not decayed: norms_and_biases (every norm
+    and bias), tower_norms_and_biases (the reference BERT's, ttlm/model.py prepare_optimizer_parameters: every bias
+    and the norms inside the towers' layers; the embedding, fusion and probe norms decay) or none (the reference
+    GPT's and ELMo's, which give DeepSpeed every parameter with one weight decay).
+    """
     decay, no_decay, seen = [], [], set()
     for module_name, submodule in module.named_modules():
         is_norm = "norm" in module_name.rsplit(".", 1)[-1].lower()
+        in_tower_layer = ".layers." in f".{module_name}."  # model.layers.<depth>...: the towers' transformer layers
         for name, param in submodule.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:  # tied weights appear under two modules
                 continue
             seen.add(id(param))
-            (no_decay if is_norm or name.startswith("bias") else decay).append(param)  # LSTM: bias_ih_l0
+            is_bias = name.startswith("bias")  # LSTM: bias_ih_l0
+            excluded = {
+                "norms_and_biases": is_norm or is_bias,
+                "tower_norms_and_biases": (is_norm and in_tower_layer) or is_bias,
+                "none": False,
+            }[exclude]
+            (no_decay if excluded else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def make_optimizer(config: TwoTowerTrainingConfig, trained: nn.Module) -> torch.optim.Optimizer:
-    """AdamW with the paper's settings; full-batch L-BFGS for linear probes."""
+    """AdamW with the config's hyper-parameters and weight-decay groups; full-batch L-BFGS for linear probes."""
     if config.phase == "probe" and config.probe_type == "linear":
         return make_lbfgs(trained, config.probe_tolerance)
     return torch.optim.AdamW(
-        weight_decay_groups(trained, config.weight_decay),
+        weight_decay_groups(trained, config.weight_decay, config.weight_decay_exclude),
         lr=config.learning_rate,
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
     )
+
+
+def clip_gradients(accelerator, trained: nn.Module, max_grad_norm: float) -> torch.Tensor | None:
+    """
+    Clip gradients to the norm `max_grad_norm`: of all trained parameters together, or (probes with
+    `clip_per_probe`) of each probe's own. Probe p owns slice [p] of every batched probe weight; clipped alone, its
+    step is the one it would take in a run of its own (the reference trained one probe per run), so probes trained
+    together equal probes trained apart. Returns the norm before clipping: of all parameters, or the root sum of
+    squares of the probes' (the same number).
+    """
+    probes = accelerator.unwrap_model(trained, keep_torch_compile=False)
+    if not (isinstance(probes, ProbesOnPositions) and probes.clip_per_probe):
+        return accelerator.clip_grad_norm_(trained.parameters(), max_grad_norm)
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise TwoTowerUserError(
+            f"Probes clip their gradients one by one, which needs each probe's whole gradient, and "
+            f"{accelerator.distributed_type} shards them; launch the probe phase with "
+            f"training/accelerate_configs/ddp.yaml or one process (probes are small), or pass --max_grad_norm 0."
+        )
+    accelerator.unscale_gradients()  # fp16: the norms of the true gradients
+    gradients = [param.grad for param in probes.parameters() if param.grad is not None]  # each [probes, ...]
+    probe_norms = torch.stack([gradient.flatten(1).float().norm(dim=1) for gradient in gradients]).norm(dim=0)
+    scales = (max_grad_norm / (probe_norms + 1e-6)).clamp(max=1.0)  # [probes], torch's clip_grad_norm_ per probe
+    for gradient in gradients:
+        gradient.mul_(scales.view(-1, *[1] * (gradient.dim() - 1)).to(gradient.dtype))
+    return probe_norms.norm()
 
 
 def probe_runs(config: TwoTowerTrainingConfig, num_towers: int) -> dict:

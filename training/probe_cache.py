@@ -7,10 +7,15 @@ epoch-0 masks (a function of the seed and the block), so the cache is static, li
 however many epochs the probes train, they see one masking of each block, where pretraining drew new masks every
 epoch.
 
+With --probe_backbone_dropout the training features are computed with the frozen model in train mode (dropout on,
+one draw per block from the run's seed, static like the masks), as the reference's backbone ran during its probe
+phase; the validation features never carry dropout. Padding (sentence-pair blocks) is never a target, so never cached.
+
 Each process caches its own contiguous share of the blocks (no block twice, so summed metrics are exact). Probe
 steps then read the positions of each replica in an order drawn from (seed, epoch, replica).
 """
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -78,8 +83,11 @@ def build_feature_cache(
     disk = open(disk_file, "wb") if disk_file is not None else None
     for batch in loader:
         input_ids, labels = batch["input_ids"].to(accelerator.device), batch["labels"].to(accelerator.device)
+        attention_mask = batch.get("attention_mask")  # sentence-pair blocks: 0 on the padding
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(accelerator.device)
         with accelerator.autocast():
-            features = model.probe_features(input_ids)  # [towers, batch, seq, hidden]
+            features = model.probe_features(input_ids, attention_mask)  # [towers, batch, seq, hidden]
         targets = prediction_targets(labels, objective)  # [batch, seq - shift]
         predicted = targets != -100
         rows = predicting_positions(features, objective, seq_dim=2)[:, predicted].transpose(0, 1).float()
@@ -103,6 +111,18 @@ def process_counts(accelerator, count: int) -> list[int]:
     return accelerator.gather(torch.tensor([count], device=accelerator.device)).tolist()
 
 
+@contextlib.contextmanager
+def backbone_dropout(model, seed: int, device: torch.device):
+    """The frozen model in train mode, its dropout drawn from `seed`; then eval mode again, and the RNG as before."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        model.train()
+        try:
+            yield
+        finally:
+            model.eval()
+
+
 def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str, config) -> dict[str, FeatureCache]:
     """{"train", "validation"} caches of this process's share of each split; prints what it cost."""
     start = time.perf_counter()
@@ -113,9 +133,11 @@ def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str
     for split, collator in zip(("train", "validation"), collators):
         disk_file = None if folder is None else folder / f"{split}_process{accelerator.process_index}.bin"
         blocks = process_share(accelerator, lm_datasets[split])
-        caches[split] = build_feature_cache(
-            accelerator, model, blocks, collator, objective, config.per_device_eval_batch_size, disk_file
-        )
+        with_dropout = config.probe_backbone_dropout and split == "train"
+        with backbone_dropout(model, config.seed, accelerator.device) if with_dropout else contextlib.nullcontext():
+            caches[split] = build_feature_cache(
+                accelerator, model, blocks, collator, objective, config.per_device_eval_batch_size, disk_file
+            )
     positions = {split: sum(process_counts(accelerator, len(cache))) for split, cache in caches.items()}
     accelerator.print(
         f"Cached the frozen towers' features of {positions['train']} training and {positions['validation']} "

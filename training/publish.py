@@ -19,18 +19,22 @@ Upload (to a private repository, on a branch):
 import argparse
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer
 
 from .arguments import RESOLVED_CONFIG_NAME
-from .atomic import fresh_staging_folder, replace_folder
+from .atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
+from .cli import run
+from .errors import TwoTowerUserError
 from .hub import push_to_hub
 from .objectives import AUTO_CLASSES, needs_masking, objective_of
+from .tokenizer import LOADING_FLAGS
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "model_card.md"
 PRETRAIN_CONFIG_NAME = "training_config_pretrain.yaml"  # the joint phase's config, staged beside the final one
@@ -44,6 +48,8 @@ PLOT_CAPTIONS = {  # the plots of evaluation/report.py; any other PNG of the rep
     "preference_vs_frequency": "Preference against the token type's frequency",
 }
 TOP_TOKENS_IN_CARD = 10
+# An absolute path inside text (`/home/me/...`, `~/...`): not part of a relative path, a URL or a fraction.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])~?/[^\s`'\"(),;<>|]+")
 TAGS = ["twotower", "two-tower", "tower-preference", "custom_code"]
 PIPELINE_TAGS = {"causal": "text-generation", "masked": "fill-mask"}
 TASK_NAMES = {"causal": "Causal language modeling", "masked": "Masked language modeling"}
@@ -61,10 +67,14 @@ def _read_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def _weight_files(model_dir: Path) -> list[Path]:
     pickles = sorted(path.name for path in model_dir.iterdir() if path.suffix in PICKLE_SUFFIXES)
     if pickles:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"{model_dir} holds pickled files {pickles}; the Hub repository ships safetensors only. Re-save the "
             f"model with save_pretrained (training does) and remove them."
         )
@@ -86,7 +96,7 @@ def check_model_folder(model_dir: Path) -> dict:
         )
     config = json.loads(config_file.read_text(encoding="utf-8"))
     if "auto_map" not in config:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"{config_file} has no `auto_map`, so the Hub could not load it as custom code; save the model after "
             f"`import modeling_twotower` (training does)."
         )
@@ -95,8 +105,28 @@ def check_model_folder(model_dir: Path) -> dict:
     missing = [name for name in required if not (model_dir / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{model_dir} lacks {missing}; pass the `model` folder a training run saved.")
-    _weight_files(model_dir)
+    check_weight_files(_weight_files(model_dir))
     return config
+
+
+def check_weight_files(weight_files: list[Path]) -> None:
+    """Every safetensors file reads whole and holds only finite numbers; an error names the file (and tensor)."""
+    for path in weight_files:
+        try:
+            with safe_open(path, framework="pt") as weights:
+                for name in weights.keys():
+                    tensor = weights.get_tensor(name)
+                    if tensor.is_floating_point() and not tensor.isfinite().all():
+                        raise TwoTowerUserError(
+                            f"{path} holds non-finite weights (NaN or infinity) in `{name}`: the training run diverged "
+                            "or the file was damaged; use an earlier checkpoint, or train again (e.g. with a lower "
+                            "learning rate)."
+                        )
+        except SafetensorError as error:
+            raise TwoTowerUserError(
+                f"{path} is not a readable safetensors file ({error}): it is damaged or cut short; copy or download "
+                "it again, or save the model again."
+            ) from error
 
 
 def count_parameters(weight_files: list[Path]) -> tuple[int, int]:
@@ -128,7 +158,21 @@ def find_pretrain_config(training_config: dict) -> Path | None:
 
 def _short_path(path: str) -> str:
     """The last two parts of a data path: enough to name it, without the author's home folder."""
-    return "/".join(Path(path).parts[-2:])
+    parts = [part for part in Path(path).parts if part not in (Path(path).anchor, "~")]
+    return "/".join(parts[-2:]) or "."
+
+
+def portable(value):
+    """`value` (dicts, lists, strings) with every absolute local path, also inside text, cut to its last two parts."""
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item) for item in value]
+    if isinstance(value, str):
+        if os.path.isabs(value) or value.startswith("~"):
+            return _short_path(value)
+        return ABSOLUTE_PATH.sub(lambda match: _short_path(match.group()), value)
+    return value
 
 
 def describe_data(training_config: dict) -> str:
@@ -209,11 +253,20 @@ def describe_phase(training_config: dict, family: dict) -> dict:
         f"processes",
         "optimizer": f"AdamW, learning rate {config['learning_rate']:g}, betas ({config['adam_beta1']:g}, "
         f"{config['adam_beta2']:g}), eps {config['adam_epsilon']:g}, weight decay {config['weight_decay']:g} "
-        f"(not on norms and biases), gradient clipping {config['max_grad_norm']:g}",
+        f"({WEIGHT_DECAY_SPARED[config.get('weight_decay_exclude', 'norms_and_biases')]}), gradient clipping "
+        f"{config['max_grad_norm']:g}",
         "schedule": f"{config['lr_scheduler_type']}, {config['num_warmup_steps']:,} warm-up steps",
         "precision": config.get("mixed_precision") or "the launcher's setting (fp32 unless `accelerate` set one)",
         "seed": config["seed"],
     }
+
+
+# What each `weight_decay_exclude` choice leaves undecayed, as the card words it (older configs: norms_and_biases).
+WEIGHT_DECAY_SPARED = {
+    "norms_and_biases": "not on norms and biases",
+    "tower_norms_and_biases": "not on biases and the towers' LayerNorms",
+    "none": "on every parameter",
+}
 
 
 def describe_architecture(model_config: dict, weight_files: list[Path], tokenizer) -> dict:
@@ -222,6 +275,8 @@ def describe_architecture(model_config: dict, weight_files: list[Path], tokenize
     fused_hidden_size = model_config["num_towers"] * model_config["hidden_size"]
     return {
         **{name: model_config[name] for name in (*names, "vocab_size", "max_position_embeddings")},
+        "layout": model_config.get("layout", "bert"),  # older configs: the bert layout
+        "initialization": model_config.get("initialization", "normal"),
         "lstm_hidden_size": model_config.get("lstm_hidden_size"),
         "fused_hidden_size": fused_hidden_size,
         "embedding_size": model_config.get("embedding_size") or fused_hidden_size,  # older configs: the fused width
@@ -457,24 +512,53 @@ def stage_model_repo(
     """
     model_dir, output_dir = Path(model_dir).resolve(), Path(output_dir).resolve()
     if output_dir == model_dir or model_dir.is_relative_to(output_dir):
-        raise ValueError(f"--output_dir {str(output_dir)!r} would replace the model folder; stage somewhere else.")
+        raise TwoTowerUserError(
+            f"--output_dir {str(output_dir)!r} would replace the model folder; stage somewhere else."
+        )
     card = render_model_card(model_dir, repo_id, report_dir, **card_options)
 
+    max_length = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["max_position_embeddings"]
     tmp = fresh_staging_folder(output_dir)
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name != "README.md" and not path.name.startswith("."):
-            shutil.copyfile(path, tmp / path.name)
-    pretrain_config = find_pretrain_config(_read_yaml(model_dir / RESOLVED_CONFIG_NAME))
-    if pretrain_config is not None:
-        shutil.copyfile(pretrain_config, tmp / PRETRAIN_CONFIG_NAME)
-    if report_dir is not None:
-        (tmp / REPORT_DIR_IN_REPO).mkdir()
-        for path in sorted(Path(report_dir).iterdir()):
-            if path.is_file() and path.suffix in REPORT_SUFFIXES:
-                shutil.copyfile(path, tmp / REPORT_DIR_IN_REPO / path.name)
-    card.save(tmp / "README.md")
+    try:
+        for path in sorted(model_dir.iterdir()):
+            if path.is_file() and path.name != "README.md" and not path.name.startswith("."):
+                stage_file(path, tmp / path.name, max_length)
+        pretrain_config = find_pretrain_config(_read_yaml(model_dir / RESOLVED_CONFIG_NAME))
+        if pretrain_config is not None:
+            stage_file(pretrain_config, tmp / PRETRAIN_CONFIG_NAME, max_length)
+        if report_dir is not None:
+            (tmp / REPORT_DIR_IN_REPO).mkdir()
+            for path in sorted(Path(report_dir).iterdir()):
+                if path.is_file() and path.suffix in REPORT_SUFFIXES:
+                    stage_file(path, tmp / REPORT_DIR_IN_REPO / path.name, max_length, report=True)
+        card.save(tmp / "README.md")
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(error):
+            raise disk_full_error(output_dir, tmp) from error
+        raise
     replace_folder(tmp, output_dir)
     return output_dir
+
+
+def stage_file(source: Path, target: Path, max_length: int, report: bool = False) -> None:
+    """
+    Copy one file into a staged repository, as it may leave the machine: training configs and a report's JSON and
+    markdown with their local paths cut short (see `portable`), tokenizer_config.json without loading flags and
+    with the model's positions as its model_max_length. Everything else (weights, code, vocabularies, tables) byte
+    for byte: their strings are tokens, not paths.
+    """
+    if source.suffix == ".yaml":
+        target.write_text(yaml.safe_dump(portable(_read_yaml(source)), sort_keys=False), encoding="utf-8")
+    elif source.name == "tokenizer_config.json":
+        config = {key: value for key, value in _read_json(source).items() if key not in LOADING_FLAGS}
+        target.write_text(json.dumps({**config, "model_max_length": max_length}, indent=2) + "\n", encoding="utf-8")
+    elif report and source.suffix == ".json":
+        target.write_text(json.dumps(portable(_read_json(source)), indent=2) + "\n", encoding="utf-8")
+    elif report and source.suffix == ".md":
+        target.write_text(portable(source.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        shutil.copyfile(source, target)
 
 
 def describe_folder(folder: Path) -> str:
@@ -499,7 +583,7 @@ def publish_model(
 ) -> dict:
     """Stage the model repository, then upload it unless `dry_run`; returns {"folder", "files", "commit_url"}."""
     if repo_id.count("/") != 1:
-        raise ValueError(f"--repo_id {repo_id!r} must be `user/name` (or `organization/name`).")
+        raise TwoTowerUserError(f"--repo_id {repo_id!r} must be `user/name` (or `organization/name`).")
     folder = stage_model_repo(model_dir, output_dir, repo_id, report_dir, revision=revision, **card_options)
     files = describe_folder(folder)
     commit_url = None
@@ -539,4 +623,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

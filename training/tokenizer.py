@@ -13,6 +13,7 @@ VOCAB_MULTIPLE = 64  # the model's vocabulary is padded up to a multiple of this
 END_OF_TEXT = "<|endoftext|>"  # the one special token of a trained BPE for a causal LM, as in GPT-2
 PAD, MASK = "<pad>", "<mask>"  # added for a masked LM: the masking collator needs a mask token (RoBERTa's names)
 SAVED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+LOADING_FLAGS = ("is_local", "local_files_only")  # init kwargs of from_pretrained, not of the tokenizer
 
 
 def _load_vocabulary_folder(folder: Path) -> PreTrainedTokenizerBase:
@@ -34,16 +35,23 @@ def _load_vocabulary_folder(folder: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def _without_loading_flags(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    # from_pretrained records how this machine loaded the files; saved, they would travel with the tokenizer
+    for flag in LOADING_FLAGS:
+        tokenizer.init_kwargs.pop(flag, None)
+    return tokenizer
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """A tokenizer from a Hub name, a saved tokenizer folder, or a folder of BERT or GPT-2 vocabulary files."""
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         if any((folder / name).is_file() for name in SAVED_TOKENIZER_FILES):
-            return AutoTokenizer.from_pretrained(folder)
-        return _load_vocabulary_folder(folder)
+            return _without_loading_flags(AutoTokenizer.from_pretrained(folder))
+        return _without_loading_flags(_load_vocabulary_folder(folder))
     if name_or_path.startswith((".", "/", "~")) or folder.exists():
         raise FileNotFoundError(f"Tokenizer folder {name_or_path!r} does not exist (or is not a folder).")
-    return AutoTokenizer.from_pretrained(name_or_path)
+    return _without_loading_flags(AutoTokenizer.from_pretrained(name_or_path))
 
 
 def train_bpe_tokenizer(

@@ -42,14 +42,24 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler, set_seed
 
 from .arguments import TwoTowerTrainingConfig, load_config
-from .checkpointing import load_checkpoint, resolve_resume_checkpoint, save_checkpoint, save_final_model
+from .checkpointing import (
+    FINAL_MODEL_DIR,
+    is_finished,
+    load_checkpoint,
+    read_progress,
+    save_checkpoint,
+    save_final_model,
+)
+from .collective import on_main_process
 from .data import load_raw_datasets, make_dataloaders, split_blocks, tokenize_and_group
 from .early_stopping import EarlyStopping, monitored_loss
+from .folder_lock import locked_output_dir
 from .hub import check_hub_token, push_to_hub
 from .linear_probes import check_linear_probes_fit, lbfgs_step
 from .objectives import SeededMaskingCollator, make_collators, prediction_targets
 from .phases import (
     build_model,
+    clip_gradients,
     final_model_and_state_dict,
     make_loss_function,
     make_optimizer,
@@ -67,7 +77,8 @@ from .probe_cache import (
     replica_orders,
     step_positions,
 )
-from .throughput import flops_per_token, measure_peak_flops, throughput_metrics
+from .run_folder import RUNS_DIR, check_free_space, run_disk_bytes, start_or_resume
+from .throughput import flops_per_token, resolve_peak_flops, throughput_metrics
 from .tokenizer import build_tokenizer
 from .validation import evaluate, evaluate_cached, format_metrics
 
@@ -85,7 +96,7 @@ def get_datasets(
     with accelerator.main_process_first():  # the main process tokenizes; the others read its cache
         lm_datasets = tokenize_and_group(
             raw_datasets, tokenizer, config.block_size, config.text_column_name,
-            config.preprocessing_num_workers, config.overwrite_cache,
+            config.preprocessing_num_workers, config.overwrite_cache, config.block_format,
         )
         lm_datasets = split_blocks(
             lm_datasets, config.block_size, config.validation_split_percentage,
@@ -129,27 +140,37 @@ def train_step(accelerator, trained, window, loss_function, optimizer, lr_schedu
             # by the accumulation steps and DDP's mean over processes.
             accelerator.backward(loss * accelerator.gradient_accumulation_steps * accelerator.num_processes)
         step_loss += loss.detach()
-    grad_norm = accelerator.clip_grad_norm_(trained.parameters(), max_grad_norm) if max_grad_norm > 0 else None
+    grad_norm = clip_gradients(accelerator, trained, max_grad_norm) if max_grad_norm > 0 else None
     optimizer.step()
     lr_scheduler.step()
     optimizer.zero_grad()
     return accelerator.reduce(step_loss, "sum").item(), grad_norm, num_items.item()
 
 
+def finished_run(accelerator, config: TwoTowerTrainingConfig, checkpoint: Path) -> dict:
+    """Resuming a finished run: say there is nothing to do, and return what training_function returns."""
+    completed_steps = read_progress(checkpoint)["completed_steps"]
+    model_dir = Path(config.output_dir) / FINAL_MODEL_DIR
+    accelerator.print(
+        f"Nothing to do: the run has finished ({model_dir} is saved and {checkpoint} is at its last step, "
+        f"{completed_steps}). To train further, raise --max_train_steps with --allow_config_change; to start over, "
+        f"pass --overwrite_output_dir instead of --resume_from_checkpoint."
+    )
+    return {"model_dir": str(model_dir), "train_losses": [], "eval_metrics": None, "completed_steps": completed_steps,
+            "best_step": None, "stopped_early": False}
+
+
 def training_function(config: TwoTowerTrainingConfig) -> dict:
     """
     Run one phase; returns {"model_dir", "train_losses" (one per optimizer step), "eval_metrics" (of the saved
     weights), "completed_steps", "best_step" (the saved evaluation's, None without early stopping), "stopped_early"}.
+    Resuming a run that has already finished does nothing (no train losses, eval_metrics None).
     """
     # Check what can fail fast, before any long work
-    resume_checkpoint = None
-    if config.resume_from_checkpoint is not None:
-        resume_checkpoint = resolve_resume_checkpoint(config.resume_from_checkpoint, config.output_dir)
     model_config = resolve_model_config(config)
     objective = resolve_objective(config, model_config)
     if config.push_to_hub:
         check_hub_token()
-    is_probe, is_linear = config.phase == "probe", config.phase == "probe" and config.probe_type == "linear"
 
     # Initialize the accelerator; the seedable sampler makes the data order a function of (seed, epoch)
     accelerator = Accelerator(
@@ -157,10 +178,24 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         mixed_precision=config.mixed_precision,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         log_with=None if config.report_to == "none" else config.report_to.split(","),
-        project_config=ProjectConfiguration(project_dir=config.output_dir, logging_dir=f"{config.output_dir}/runs"),
+        project_config=ProjectConfiguration(
+            project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / RUNS_DIR)
+        ),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         dynamo_backend="inductor" if config.torch_compile else None,
     )
+    # One run per output folder, locked for the run's lifetime: a new run on an empty slate, a resumed one from a
+    # verified checkpoint taken with the same options
+    with locked_output_dir(accelerator, config.output_dir):
+        resume_checkpoint = on_main_process(accelerator, lambda: start_or_resume(config, accelerator.num_processes))
+        if resume_checkpoint is not None and is_finished(resume_checkpoint, config):
+            return finished_run(accelerator, config, resume_checkpoint)
+        return train_phase(config, accelerator, model_config, objective, resume_checkpoint)
+
+
+def train_phase(config: TwoTowerTrainingConfig, accelerator, model_config, objective: str, resume_checkpoint) -> dict:
+    """training_function's work in its locked output folder: data, model, resume, train, evaluate, save, push."""
+    is_probe, is_linear = config.phase == "probe", config.phase == "probe" and config.probe_type == "linear"
     if is_linear:
         check_linear_probes_fit(accelerator)
     set_seed(config.seed)  # before the model is built, so that the seed also controls the new weights
@@ -172,6 +207,10 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     model = build_model(config, model_config, tokenizer, objective)
     trained = trained_module(config, model, accelerator.device)
     optimizer = make_optimizer(config, trained)
+    checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, optimizer)
+    on_main_process(accelerator, lambda: check_free_space(
+        config.output_dir, checkpoint_bytes, model_bytes, config.checkpoints_total_limit
+    ))
 
     # Steps per epoch. Pretraining steps over windows of blocks (accelerate shards the batches and steps the
     # scheduler once per process, hence the factors; an accelerate config may set the accumulation steps: the
@@ -214,9 +253,9 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     # Trackers and throughput accounting
     accelerator.init_trackers(config.phase, config=vars(config))
     train_flops_per_token = flops_per_token(model.config, config.block_size, config.phase)
-    peak_flops = config.peak_tflops * 1e12 if config.peak_tflops else measure_peak_flops(
-        accelerator.device, torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
-    )
+    matmul_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
+    peak_flops, peak_source = resolve_peak_flops(accelerator.device, matmul_dtype, config.peak_tflops)
+    accelerator.print(f"MFU peak: {peak_flops / 1e12:.3g} TFLOP/s per device ({peak_source})")
     tokens_per_batch = config.per_device_train_batch_size * config.block_size * accelerator.num_processes
 
     # Resume: weights, optimizer, scheduler and RNG states, and the position in the data
@@ -295,6 +334,8 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     interval_start = time.perf_counter()
     trained.train()
     for epoch in range(starting_epoch, num_epochs):
+        if completed_steps >= max_train_steps:  # resumed from the last step's checkpoint: only the model to save
+            break
         units_into_epoch = units_to_skip
         for window in epoch_windows(epoch, units_to_skip):
             loss, grad_norm, tokens = step(window)
@@ -336,7 +377,7 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         if completed_steps >= max_train_steps or stopped_early or converged:
             break
     progress_bar.close()
-    if is_linear:
+    if is_linear and train_losses:
         outcome = "converged" if grad_norm <= config.probe_tolerance else "not converged; raise --max_train_steps"
         if converged and grad_norm > config.probe_tolerance:
             outcome = "stopped: the objective no longer falls in float32"
@@ -356,6 +397,10 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         accelerator.print(f"{reason}; keeping the weights of step {early_stopping.best_step} "
                           f"(loss {early_stopping.best_loss:.4f})")
     final_model, state_dict = final_model_and_state_dict(accelerator, config, model, trained, best_state)
+    if is_probe:  # scoring refuses probes without this record (it travels in config.json)
+        kept_step = early_stopping.best_step if best_state is not None else completed_steps
+        final_model.config.probe_training_steps = kept_step
+    tokenizer.model_max_length = final_model.config.max_position_embeddings  # the saved tokenizer's longest input
     records = {"probe_runs": probe_runs(config, model.config.num_towers)} if is_probe else None
     model_dir = save_final_model(accelerator, final_model, state_dict, tokenizer, config, records)
     if is_probe and accelerator.is_main_process:  # a disk cache is this run's working copy (a resumed run rebuilds it)
@@ -381,4 +426,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from .cli import run
+
+    run(main)

@@ -30,7 +30,9 @@ def evaluate(accelerator, model, eval_dataloader) -> dict:
     for batch in eval_dataloader:
         targets = prediction_targets(batch["labels"], objective)  # [batch, seq - shift]
         with accelerator.autocast():
-            logits = predicting_positions(model(input_ids=batch["input_ids"]).logits, objective, seq_dim=1)
+            # sentence-pair blocks carry an attention_mask: no position attends to the padding
+            outputs = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
+            logits = predicting_positions(outputs.logits, objective, seq_dim=1)
         nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none", ignore_index=-100)
         sums = torch.stack([targets.ne(-100).sum(-1), nll.view(targets.shape).sum(-1)], dim=1).double()  # [batch, 2]
         sums = accelerator.gather_for_metrics(sums).sum(0)

@@ -870,12 +870,14 @@ def compare_preferences(token_ids_a, preference_nats_a, token_ids_b, preference_
     that maximizes the summed correlation (for two towers: the larger of corr and -corr).
 
     Args:
-        token_ids_a, token_ids_b: [types] token ids of each run (pass only the types to compare, e.g. eligible ones).
-        preference_nats_a, preference_nats_b: [towers, types] each run's preference_nats over those ids.
+        token_ids_a: [types] token ids of run A (pass only the types to compare, e.g. eligible ones).
+        preference_nats_a: [towers, types] run A's preference_nats over those ids.
+        token_ids_b: [types] token ids of run B.
+        preference_nats_b: [towers, types] run B's preference_nats over those ids.
 
     Returns:
         dict with `correlation` (mean matched correlation), `tower_mapping` (run B's tower matched to each of
-        run A's towers), `correlation_matrix` ([towers of A][towers of B]) and `num_shared_types`.
+        run A's towers), `correlation_matrix` (towers of A by towers of B) and `num_shared_types`.
 
     Example:
         >>> comparison = compare_preferences(

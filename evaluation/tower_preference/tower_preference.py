@@ -13,11 +13,21 @@
 # limitations under the License.
 """Tower preference: which tower of a multi-tower language model predicts each token type better."""
 
+import json
+import os
+from pathlib import Path
+
 import datasets
 import evaluate
 import numpy as np
+import yaml
 
 from .preference_stats import compute_preference
+
+
+PROBE_PHASE_COMMAND = (
+    "python -m twotower.training.train --recipe tiny_probe --pretrained_model {model} --output_dir OUTPUT_DIR"
+)
 
 
 _DESCRIPTION = """
@@ -66,6 +76,9 @@ Args:
         per value of a gold_logprobs row, at least 2 per tower. Turns on the replica-level test.
     probe_runs (`list` of `int`, optional): the training run each probe comes from; every run must hold one
         probe of every tower. Pairs the probes of a run in the replica-level test.
+    model_config (`dict`, a transformers config, or a model folder path, optional): the configuration of the
+        twotower model whose probes gave gold_logprobs. When given, probes that were never trained (no
+        `probe_training_steps` recorded by the probe phase) are refused: their preference is noise.
 Returns:
     Summary (numbers; lists have one entry per tower):
     num_towers, num_predictions, num_token_types, num_eligible_types (count >= min_count), num_excluded_types,
@@ -180,6 +193,77 @@ _CITATION = """
 """
 
 
+def untrained_probes_error(model_config: dict, training_config: dict | None, model_dir: str | None) -> str | None:
+    """
+    Why the probes of a model must not be scored, or None when a probe phase trained them: its config.json records
+    `probe_training_steps`; a model saved before that record counts as trained when its training_config.yaml says
+    `phase: probe`.
+    """
+    if model_config.get("probe_training_steps") or (training_config or {}).get("phase") == "probe":
+        return None
+    return (
+        f"{model_dir or 'The model'} has untrained probes (no probe phase recorded: `probe_training_steps` is unset "
+        f"in its config), so a preference would only measure their random initial weights. Train them first, e.g. "
+        f"`{PROBE_PHASE_COMMAND.format(model=model_dir or 'MODEL_DIR')}`, and score OUTPUT_DIR/model."
+    )
+
+
+def _read_model_config(model_config) -> tuple[dict, dict | None, str | None]:
+    """(config dict, training config dict or None, model folder if known) of a dict, a config object or a folder."""
+    if isinstance(model_config, (str, os.PathLike)):
+        folder = Path(model_config)
+        folder = folder.parent if folder.name == "config.json" else folder
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"model_config {str(model_config)!r} has no config.json; pass a model folder.")
+        training_config_file = folder / "training_config.yaml"
+        training_config = yaml.safe_load(training_config_file.read_text()) if training_config_file.is_file() else None
+        return json.loads((folder / "config.json").read_text()), training_config, str(folder)
+    if hasattr(model_config, "to_dict"):
+        model_config = model_config.to_dict()
+    if not isinstance(model_config, dict):
+        raise ValueError(
+            f"model_config is a {type(model_config).__name__}; pass the model's config (a dict or `model.config`) or "
+            "its folder."
+        )
+    return model_config, None, model_config.get("_name_or_path") or None
+
+
+def check_token_ids(token_ids) -> None:
+    """
+    One integer per prediction. The metric's int64 feature would otherwise read 1.5 as 1, "7" as 7 and True as 1
+    without a word.
+    """
+    try:
+        array = np.asarray(token_ids)
+    except ValueError:  # ragged nested lists
+        array = np.asarray(token_ids, dtype=object)
+    if array.ndim != 1 or array.dtype == object and any(isinstance(value, (list, tuple)) for value in array):
+        raise ValueError(
+            f"token_ids must be a flat list of integers, one per prediction; got nested values (shape {array.shape}). "
+            "Flatten them, dropping ignored positions."
+        )
+    if array.dtype.kind in "iu":
+        return
+    for position, value in enumerate(token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+            raise ValueError(
+                f"token_ids must be integers >= 0; got {value!r} ({type(value).__name__}) at prediction {position}. "
+                "Pass the gold token ids as ints (e.g. `labels.long().tolist()`)."
+            )
+
+
+def check_gold_logprobs(gold_logprobs) -> None:
+    """Numbers only: the float64 feature would otherwise read "-1.5" as -1.5 and True as 1.0."""
+    try:
+        array = np.asarray(gold_logprobs)
+    except ValueError:
+        return  # ragged rows: `_compute` names their lengths
+    if array.dtype.kind not in "iuf":
+        raise ValueError(
+            f"gold_logprobs must be numbers (log-probabilities); got {array.flat[0].item()!r} among them. Pass floats."
+        )
+
+
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class TowerPreference(evaluate.Metric):
     def _info(self):
@@ -195,6 +279,26 @@ class TowerPreference(evaluate.Metric):
             ),
             reference_urls=["https://arxiv.org/abs/2210.07041"],
         )
+
+    def add_batch(self, *, predictions=None, references=None, **kwargs):
+        """Add a batch of predictions (token_ids, gold_logprobs), checked before the features' silent casts."""
+        check_token_ids(kwargs.get("token_ids", []))
+        check_gold_logprobs(kwargs.get("gold_logprobs", []))
+        super().add_batch(predictions=predictions, references=references, **kwargs)
+
+    def add(self, *, prediction=None, reference=None, **kwargs):
+        """Add one prediction (token_ids, gold_logprobs), checked before the features' silent casts."""
+        if "token_ids" in kwargs:
+            check_token_ids([kwargs["token_ids"]])
+        super().add(prediction=prediction, reference=reference, **kwargs)
+
+    def compute(self, *, predictions=None, references=None, model_config=None, **kwargs):
+        """Compute the tower preference; with `model_config`, untrained probes are refused before any input is kept."""
+        if model_config is not None:
+            reason = untrained_probes_error(*_read_model_config(model_config))
+            if reason is not None:
+                raise ValueError(reason)
+        return super().compute(predictions=predictions, references=references, **kwargs)
 
     def _compute(
         self, token_ids, gold_logprobs, alpha=0.05, min_count=10, top_k=20, center=False, probe_towers=None,

@@ -1,0 +1,57 @@
+"""How every command of the package ends on an error: a mistake of the user is one line, anything else a traceback.
+
+Each command's `__main__` block is `run(main)`. A TwoTowerUserError, a FileNotFoundError, a full disk or a bad
+command line prints `error: MESSAGE` on one line of stderr and exits with status 2 (argparse's status for a bad
+command line); `--debug` anywhere on the command line, or TWOTOWER_DEBUG=1, shows the traceback instead. Any other
+exception is a bug, and keeps its traceback.
+"""
+
+import argparse
+import contextlib
+import errno
+import os
+import sys
+
+from .errors import TwoTowerUserError
+
+DEBUG_FLAG = "--debug"
+DEBUG_VARIABLE = "TWOTOWER_DEBUG"
+USER_ERROR_STATUS = 2
+
+
+def _raise_argument_error(parser, message):
+    raise TwoTowerUserError(f"{parser.prog}: {message} (`--help` lists the options)")
+
+
+@contextlib.contextmanager
+def _argparse_errors_raised():
+    """argparse prints its usage and exits on a bad command line; raise instead, so that `run` owns the output."""
+    error = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _raise_argument_error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = error
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` is the user's to fix (a bad option, a missing file, a full disk) rather than a bug."""
+    if isinstance(error, (TwoTowerUserError, FileNotFoundError)):
+        return True
+    return isinstance(error, OSError) and error.errno == errno.ENOSPC
+
+
+def run(main, argv: list[str] | None = None):
+    """Call `main(argv)` as a command; see the module docstring for what an error prints."""
+    if argv is None:
+        argv = sys.argv[1:]
+        sys.argv[1:] = [arg for arg in argv if arg != DEBUG_FLAG]  # for a main that reads sys.argv itself
+    debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0")
+    try:
+        with _argparse_errors_raised():
+            return main([arg for arg in argv if arg != DEBUG_FLAG])
+    except Exception as error:
+        if debug or not is_user_error(error):
+            raise
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        sys.exit(USER_ERROR_STATUS)
