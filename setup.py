@@ -3,8 +3,22 @@
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-python>=1.10"]
+
+
+class BuildPyWithModelCard(build_py):
+    """build_py that also copies the top-level model_card.md into the built twotower/training package."""
+
+    # The design keeps the model card template at the top level of the repository; the package needs a copy so
+    # that an installed wheel can publish without the source tree (training/model_card.py looks there first).
+    def run(self):
+        super().run()
+        target = Path(self.build_lib) / "twotower" / "training" / "model_card.md"
+        self.mkpath(str(target.parent))
+        self.copy_file(str(Path(__file__).with_name("model_card.md")), str(target))
+
 
 setup(
     name="twotower",
@@ -13,6 +27,7 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
+    cmdclass={"build_py": BuildPyWithModelCard},
     python_requires=">=3.10",
     # The folders keep the layout of the design (modeling_twotower/, training/, evaluation/); training and
     # evaluation install under the `twotower` namespace so that they never shadow other packages' modules.

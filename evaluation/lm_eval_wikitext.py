@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from twotower.training.atomic import write_text_atomically
+from twotower.training.errors import TwoTowerUserError
 
 TASK_NAME = "wikitext2_local"
 HOOKS_FILE = Path(__file__).resolve().parent / "lm_eval_task" / "utils.py"
@@ -43,7 +44,7 @@ def write_wikitext_task(wikitext_dir: str, output_dir: str, split: str = "test",
         raise FileNotFoundError(f"{source} not found; pass the folder holding WikiText-2's {split}.txt.")
     articles = split_articles(source.read_text(encoding="utf-8"))[:max_documents]
     if not articles:
-        raise ValueError(f"{source} holds no article; is it WikiText-2?")
+        raise TwoTowerUserError(f"{source} holds no article; is it WikiText-2?")
     output = Path(output_dir).resolve()
     output.mkdir(parents=True, exist_ok=True)
     documents = output / f"{TASK_NAME}_{split}.jsonl"

@@ -9,7 +9,8 @@ Layout (written into a staging folder, then moved in: a failed write leaves no p
     preference_vs_frequency.png preference against log10 of the token type's count
     preference_vs_floor.png     with probe replicas: per token type, the two-tower difference against the
                                 same-tower floor, with the diagonal
-    report.md                   the numbers, the plots and each tower's top tokens
+    report.md                   the numbers, the plots and each tower's top tokens (its text: the Jinja template
+                                templates/report.md.j2; its tables: pandas)
 
 With probe replicas (summary["test"] == "replica"), perplexity may also hold "probe_replicas" ([per replica] per
 tower), and report.md leads with whether the per-type preference belongs to the towers or to the probes.
@@ -28,6 +29,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers and CI
 
+import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
@@ -39,6 +41,8 @@ from twotower.training.atomic import write_atomically, write_text_atomically  # 
 PREFERENCE_JSON = "preference.json"
 PER_TOKEN_CSV = "preference_per_token.csv"
 REPORT_MD = "report.md"
+REPORT_TEMPLATE = "report.md.j2"
+TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 STAGING_DIR = ".report.tmp"  # inside the report folder: where a report is written before its files move in
 PLOTS = {
     "logprob_scatter": "logprob_scatter.png",
@@ -207,12 +211,6 @@ def plot_preference_comparison(preference_a, preference_b, comparison, path):
     save_figure(figure, path)
 
 
-def _preference_description(num_towers):
-    if num_towers == 2:
-        return "tower 0's mean log-probability minus tower 1's"
-    return "a tower's mean log-probability minus the mean of the other towers'"
-
-
 def _preference_label(num_towers):
     if num_towers == 2:
         return "preference (nats): tower 0 minus tower 1"
@@ -224,207 +222,97 @@ def _markdown_token(token):
     return "`" + str(token).replace("`", "'").replace("|", "\\|") + "`"
 
 
-def _objective_lines(report):
-    """What the model predicts and how the scored predictions were made (reports before objectives had none)."""
-    settings = report.get("settings", {})
-    if "objective" not in settings:
-        return []
-    model = report["model"]
-    kind = f"{model.get('tower_type', 'transformer')} towers" + (
-        "" if model.get("cooperative", True) else ", independent-towers control (no cooperation)"
-    )
-    return [f"Objective: {settings['objective']} LM ({kind}). Masking: {settings['masking']}.", ""]
-
-
-def _offset_line(summary):
-    """The global offset of each tower and whether the preferences shown are centered on it."""
-    offsets = ", ".join(f"tower {t} {value:+.3f}" for t, value in enumerate(summary["global_offset_nats"]))
-    centering = (
-        "the preferences below are centered: it was subtracted from each type's before testing."
-        if summary["centered"]
-        else "the preferences below are raw, not centered (`--center` subtracts it before testing each type)."
-    )
-    return (
-        f"Global offset (each tower's preference over all predictions; with two towers, the difference of the "
-        f"probes' log perplexities): {offsets} nats; {centering}"
-    )
-
-
 def _number(value, digits=3):
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _perplexity_lines(perplexity):
+def markdown_table(rows, columns):
+    """Rows of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
+    return pd.DataFrame(rows, columns=columns).to_markdown(index=False, disable_numparse=True, tablefmt="github")
+
+
+def perplexity_table(perplexity):
     """The perplexity table, with a column of each tower's replicas when it has several probes."""
     replicas = perplexity.get("probe_replicas")
     if replicas is None:
-        return [
-            "| model | perplexity |",
-            "|---|---|",
-            f"| joint model | {_number(perplexity['joint'], 2)} |",
-            *[f"| probe of tower {t} | {_number(value, 2)} |" for t, value in enumerate(perplexity["probes"])],
+        rows = [("joint model", _number(perplexity["joint"], 2))]
+        rows += [(f"probe of tower {t}", _number(value, 2)) for t, value in enumerate(perplexity["probes"])]
+        return markdown_table(rows, ["model", "perplexity"])
+    rows = [("joint model", _number(perplexity["joint"], 2), "")]
+    rows += [
+        (f"probes of tower {t}", _number(value, 2), ", ".join(_number(r, 2) for r in replicas[t]))
+        for t, value in enumerate(perplexity["probes"])
+    ]
+    return markdown_table(rows, ["model", "perplexity", "each replica"])
+
+
+def preference_table(summary, is_replica):
+    """Per tower: the shares of token types and occurrences preferring it, and its significant types."""
+    rows = [
+        (
+            t,
+            _number(summary["type_share_preferring"][t]),
+            _number(summary["occurrence_share_preferring"][t]),
+            summary["num_significant_preferring"][t],
+        )
+        for t in range(summary["num_towers"])
+    ]
+    columns = ["tower", "share of token types", "share of occurrences", f"significant types{BEYOND_NOISE[is_replica]}"]
+    return markdown_table(rows, columns)
+
+
+def top_tokens_tables(summary, table, is_replica):
+    """Per tower, its top tokens with their id, count, preference and p-value."""
+    rows_by_id = table.set_index("token_id")
+    columns = ["token", "id", "count", "preference (nats)", f"p-value{BEYOND_NOISE[is_replica]}"]
+    tables = []
+    for token_ids, preferences in zip(summary["top_token_ids"], summary["top_preference_nats"]):
+        rows = [
+            (
+                _markdown_token(rows_by_id.at[token_id, "token"]),
+                token_id,
+                rows_by_id.at[token_id, "count"],
+                f"{preference:.3f}",
+                f"{rows_by_id.at[token_id, 'p_value']:.2g}",
+            )
+            for token_id, preference in zip(token_ids, preferences)
         ]
-    return [
-        "| model | perplexity | each replica |",
-        "|---|---|---|",
-        f"| joint model | {_number(perplexity['joint'], 2)} | |",
-        *[
-            f"| probes of tower {t} | {_number(value, 2)} | {', '.join(_number(r, 2) for r in replicas[t])} |"
-            for t, value in enumerate(perplexity["probes"])
-        ],
-    ]
+        tables.append(markdown_table(rows, columns))
+    return tables
 
 
-def _replica_verdict(summary):
-    """One sentence: what the reliability says about the towers and the probes."""
-    reliability, (low, _) = summary["reliability"], summary["reliability_ci"]
-    if reliability is None:
-        return "Too few eligible token types to tell the towers from the probes."
-    if low is None or low <= 0.0:
-        return (
-            "The reliability is indistinguishable from 0: the towers differ only as much as probes of one tower do, "
-            "so the per-type preference below is probe noise."
-        )
-    if reliability >= RELIABLE_PREFERENCE:
-        return (
-            "The reliability is high: probes of one tower agree, so the per-type preference is a property of the "
-            "towers."
-        )
-    return (
-        "The reliability is between 0 and 1: part of the per-type preference belongs to the towers and part is "
-        "probe noise, so read single types by their replica-level significance."
+def template_environment(**filters) -> jinja2.Environment:
+    """The documents' templates (evaluation/templates, shipped with the package), with the given filters."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,  # a missing figure fails the render instead of printing nothing
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
-
-
-def _power_note(summary):
-    """Why a reliable preference can leave no single type significant: too few replicas for a per-type test."""
-    low = summary["reliability_ci"][0]
-    if summary["num_significant"] or low is None or low <= 0.0:
-        return ""
-    borrowed = "" if summary["prior_df"] is None else f" (and {summary['prior_df']:.1f} borrowed from the other types)"
-    return (
-        f" No single type passes the per-type test, though: each type is tested against its own replica noise, "
-        f"estimated on {summary['residual_df']} degree(s) of freedom{borrowed}, too little to single out a type "
-        f"among {summary['num_eligible_types']}; more replicas (`--probe_replicas`) give the per-type test its power."
-    )
-
-
-def _replica_lines(summary):
-    """The section that leads a report with probe replicas: is the per-type preference the towers' or the probes'?"""
-    low, high = summary["reliability_ci"]
-    replicas = ", ".join(f"{count} of tower {t}" for t, count in enumerate(summary["replicas_per_tower"]))
-    pairing = "paired by training run" if summary["paired"] else "independent replicas"
-    return [
-        "## Tower or probe?",
-        "",
-        f"{summary['num_probes']} probes ({replicas}; {pairing}). A second probe of the same tower differs from the "
-        "first per token type; these figures measure the towers against that.",
-        "",
-        f"- reliability (share of the across-type variance of the preference that is between towers, not between "
-        f"replicas): {_number(summary['reliability'])}, 95% CI {_number(low)} to {_number(high)}; with one probe "
-        f"per tower it would be {_number(summary['reliability_single_probe'])}",
-        f"- significant beyond probe noise (replica-level test, Benjamini-Hochberg at alpha = {summary['alpha']}): "
-        f"{summary['num_significant']} of {summary['num_eligible_types']} eligible types "
-        f"({_number(summary['significant_share'])})",
-        f"- two-tower difference {_number(summary['two_tower_difference_nats'])} nats against a same-tower floor of "
-        f"{_number(summary['same_tower_floor_nats'])} nats (mean absolute difference per type between probes of "
-        "two towers, and between probes of one tower)",
-        "",
-        _replica_verdict(summary) + _power_note(summary),
-        "",
-        f"![same-tower floor against two-tower difference]({REPLICA_PLOTS['preference_vs_floor']})",
-        "",
-    ]
+    environment.filters.update(filters)
+    return environment
 
 
 def render_markdown(report, table):
-    """report.md: model and data, perplexities, the summary, the plots and each tower's top tokens.
-
-    With probe replicas, a "Tower or probe?" section follows the perplexities, and the occurrence-level figures,
-    which do not account for probe noise, get a section of their own.
-    """
-    summary, perplexity = report["summary"], report["perplexity"]
-    num_towers = summary["num_towers"]
+    """report.md (templates/report.md.j2): model and data, perplexities, the summary, plots and top tokens."""
+    summary = report["summary"]
     is_replica = summary.get("test") == "replica"
-    tokens = dict(zip(table["token_id"], table["token"]))
-    counts = dict(zip(table["token_id"], table["count"]))
-    p_values = dict(zip(table["token_id"], table["p_value"]))
-    prefix = "occurrence_" if is_replica else ""
-    significance_line = (
-        f"- significant after Benjamini-Hochberg at alpha = {summary['alpha']}: "
-        f"{summary[prefix + 'num_significant']} types ({_number(summary[prefix + 'significant_share'])} of eligible)"
+    environment = template_environment(number=_number)
+    return environment.get_template(REPORT_TEMPLATE).render(
+        report=report,
+        settings=report.get("settings", {}),  # reports before objectives had none
+        summary=summary,
+        num_towers=summary["num_towers"],
+        is_replica=is_replica,
+        prefix="occurrence_" if is_replica else "",  # the occurrence-level figures' keys in a replica summary
+        reliable_preference=RELIABLE_PREFERENCE,
+        plots=PLOTS,
+        replica_plots=REPLICA_PLOTS,
+        perplexity_table=perplexity_table(report["perplexity"]),
+        preference_table=preference_table(summary, is_replica),
+        top_tokens_tables=top_tokens_tables(summary, table, is_replica),
     )
-    consistency_line = (
-        f"- split-half consistency (correlation of the preference on interleaved halves of each type's "
-        f"occurrences): {_number(summary['split_half_consistency'])}"
-    )
-    occurrence_lines = [significance_line, consistency_line]
-
-    lines = [
-        "# Tower preference report",
-        "",
-        f"Model: `{report['model']['path']}` ({num_towers} towers). Data: {report['data']['description']}, "
-        f"{report['data']['num_blocks']} blocks of {report['data']['block_size']} tokens, "
-        f"{summary['num_predictions']} predictions of {summary['num_token_types']} token types.",
-        "",
-        *_objective_lines(report),
-        "## Perplexity",
-        "",
-        *_perplexity_lines(perplexity),
-        "",
-        *(_replica_lines(summary) if is_replica else []),
-        "## Preference",
-        "",
-        f"The preference of a token type is {_preference_description(num_towers)}, in nats, over its occurrences. "
-        f"Token types seen at least {summary['min_count']} times are eligible ({summary['num_eligible_types']}; "
-        f"{summary['num_excluded_types']} excluded).",
-        "",
-        _offset_line(summary),
-        "",
-        f"| tower | share of token types | share of occurrences | significant types{BEYOND_NOISE[is_replica]} |",
-        "|---|---|---|---|",
-        *[
-            f"| {t} | {_number(summary['type_share_preferring'][t])} "
-            f"| {_number(summary['occurrence_share_preferring'][t])} | {summary['num_significant_preferring'][t]} |"
-            for t in range(num_towers)
-        ],
-        "",
-        f"- mean absolute preference: {_number(summary['mean_abs_preference_nats'])} nats",
-        *([] if is_replica else occurrence_lines),
-        f"- Sarle's bimodality coefficient: {_number(summary['bimodality_coefficient'])} "
-        "(above 0.556 suggests two modes)",
-        "",
-        f"![mean log-prob per token type]({PLOTS['logprob_scatter']})",
-        "",
-        f"![preference histogram]({PLOTS['preference_histogram']})",
-        "",
-        f"![preference vs frequency]({PLOTS['preference_vs_frequency']})",
-        "",
-    ]
-    if is_replica:
-        lines += [
-            "## Occurrence-level statistics (they do not account for probe noise)",
-            "",
-            "Tested over the occurrences of each type, on each tower's mean over its replicas: a probe's own "
-            "per-type error passes for a preference here.",
-            "",
-            *occurrence_lines,
-            "",
-        ]
-    for tower_idx, (token_ids, preferences) in enumerate(zip(summary["top_token_ids"], summary["top_preference_nats"])):
-        lines += [
-            f"## Top tokens of tower {tower_idx}",
-            "",
-            f"| token | id | count | preference (nats) | p-value{BEYOND_NOISE[is_replica]} |",
-            "|---|---|---|---|---|",
-            *[
-                f"| {_markdown_token(tokens[token_id])} | {token_id} | {counts[token_id]} | {preference:.3f} "
-                f"| {p_values[token_id]:.2g} |"
-                for token_id, preference in zip(token_ids, preferences)
-            ],
-            "",
-        ]
-    return "\n".join(lines)
 
 
 def write_report(output_dir, report, result, tokens):

@@ -21,7 +21,6 @@ One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat
 """
 
 import dataclasses
-import json
 import tempfile
 from dataclasses import dataclass
 from functools import partial
@@ -29,31 +28,31 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
-from torch.nn import functional as F
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
-from modeling_twotower import TwoTowerConfig
-from twotower.training.arguments import SHARED_OPTION_RANGES, check_ranges, check_types, parse_command_line
+from twotower.training.arguments import (
+    DATA_OPTION_RANGES,
+    DATA_UNSET_MEANS,
+    DataArguments,
+    check_ranges,
+    check_types,
+    parse_command_line,
+)
 from twotower.training.cli import run
 from twotower.training.data import BLOCK_FORMATS, collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.errors import TwoTowerUserError
-from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
-from twotower.training.phases import MODEL_CLASSES
-from twotower.training.publish import check_weight_files
+from twotower.training.loading import load_two_tower, read_training_config
+from twotower.training.objectives import needs_masking, objective_of
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
 from twotower.training.validation import perplexity
 
 from .report import write_report
-from .tower_preference.preference_stats import PreferenceAccumulator, ReplicaPreferenceAccumulator
-from .tower_preference.tower_preference import untrained_probes_error
+from .scoring_engine import DEFAULT_MASK_PASSES, score_blocks
 
 
 SPLITS = ("validation", "train")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TRAINING_CONFIG_NAME = "training_config.yaml"  # saved beside the model by the training command
 # the ScoringArguments fields recorded in preference.json under "data" and "settings"
 DATA_FIELDS = (
     "dataset_name",
@@ -70,10 +69,10 @@ DATA_FIELDS = (
 SETTINGS_FIELDS = (
     "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas"
 )
-DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
 # the allowed range of every bounded option (see twotower.training.arguments.check_ranges); None is unset
 SCORING_RANGES = {
-    **SHARED_OPTION_RANGES,
+    **DATA_OPTION_RANGES,
+    "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
     "max_blocks": (lambda v: v >= 1, ">= 1"),
     "mask_passes": (lambda v: v >= 1, ">= 1"),
     "batch_size": (lambda v: v >= 1, ">= 1"),
@@ -82,34 +81,26 @@ SCORING_RANGES = {
     "top_k": (lambda v: v >= 0, ">= 0"),
 }
 SCORING_UNSET_MEANS = {
+    **DATA_UNSET_MEANS,
     "max_blocks": "score every block",
-    "preprocessing_num_workers": "tokenize in one process",
     "probe_chunk_size": "let the probes choose",
 }
 
 
-@dataclass
-class ScoringArguments:
+# keyword-only: the required I/O fields follow DataArguments' fields, which have defaults
+@dataclass(kw_only=True)
+class ScoringArguments(DataArguments):
     # I/O
     model_dir: str  # folder of a two-tower model with trained probes (a probe run's OUTPUT_DIR/model)
     output_dir: str  # the report folder to write
 
-    # data (the training command's options, so the same flags select the same blocks)
-    dataset_name: str = "wikitext"  # Hub dataset, used when train_file is not set
-    dataset_config_name: str | None = "wikitext-2-raw-v1"
-    text_column_name: str = "text"
-    train_file: str | None = None  # local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name
-    validation_file: str | None = None  # same forms; alone, it is the text scored; without it (or a validation
-    # split) blocks of the training text are held out
-    validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with training's fixed seed
-    split: str = "validation"  # validation | train: which blocks to score
-    block_size: int = 128  # tokens per sequence; at most the model's max_position_embeddings
+    # data: DataArguments' fields (the training command's, so the same flags select the same blocks); here the block
+    # format defaults to the model's, and the fields below choose which blocks to score
     block_format: str | None = None  # contiguous | sentence_pairs; None: the model's (its training_config.yaml)
+    split: str = "validation"  # validation | train: which blocks to score
     max_blocks: int | None = None  # score only the first N blocks of the split; None = all
     spread_blocks: bool = False  # with max_blocks: N blocks evenly spaced over the split instead of the first N
     # (the first N of a folder of texts would all come from its first file)
-    preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
-    overwrite_cache: bool = False  # re-tokenize instead of reusing the datasets cache
 
     # masked LMs (transformer towers)
     mask_passes: int = DEFAULT_MASK_PASSES  # pass k masks positions p with p % mask_passes == k: each token once
@@ -165,51 +156,6 @@ def check_output_dir(output_dir, model_dir):
         ) from error
 
 
-def _read_model_configs(model_dir: Path) -> tuple[dict, dict | None]:
-    """(config.json, training_config.yaml or None) of a model folder, each named when it cannot be read."""
-    config_file, training_config_file = model_dir / "config.json", model_dir / TRAINING_CONFIG_NAME
-    if not config_file.is_file():
-        raise FileNotFoundError(
-            f"--model_dir {str(model_dir)!r} has no config.json; pass the `model` folder that a probe run saved "
-            "(OUTPUT_DIR/model)."
-        )
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-        training_config = None
-        if training_config_file.is_file():
-            training_config = yaml.safe_load(training_config_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
-        raise TwoTowerUserError(
-            f"{model_dir} holds a damaged config ({' '.join(str(error).split())}); save or download the model again."
-        ) from error
-    return config, training_config
-
-
-def load_model(model_dir, dtype):
-    """
-    The two-tower model of a folder, in eval mode. Refused with one clear error: another kind of model, probes that
-    no probe phase trained, a damaged or non-finite weights file (named), or weights that overflow in `dtype`.
-    """
-    model_dir = Path(model_dir)
-    config, training_config = _read_model_configs(model_dir)
-    if config.get("model_type") != TwoTowerConfig.model_type:
-        raise TwoTowerUserError(
-            f"--model_dir {str(model_dir)!r} holds a {config.get('model_type')!r} model, not a two-tower model."
-        )
-    untrained = untrained_probes_error(config, training_config, str(model_dir))
-    if untrained is not None:
-        raise TwoTowerUserError(untrained)
-    check_weight_files(sorted(model_dir.glob("*.safetensors")))
-    model = MODEL_CLASSES[objective_of(config)].from_pretrained(model_dir, dtype=dtype).eval()
-    overflowed = next((name for name, tensor in model.state_dict().items() if not tensor.isfinite().all()), None)
-    if overflowed is not None:  # the files are finite: a cast to a narrower dtype overflowed
-        raise TwoTowerUserError(
-            f"`{overflowed}` of {model_dir} is not finite in {dtype} (its weights overflow that dtype); score with "
-            "--dtype float32 or bfloat16."
-        )
-    return model
-
-
 def load_blocks(args, tokenizer):
     """The blocks of `args.split`, built exactly as the training command builds them, capped by max_blocks."""
     if args.split == "validation" and args.validation_file is not None:
@@ -241,8 +187,7 @@ def _tokenized_blocks(raw_datasets, args, tokenizer):
 
 def trained_block_format(model_dir) -> str:
     """The block format of the runs that trained the model (its training_config.yaml); contiguous if it names none."""
-    _, training_config = _read_model_configs(Path(model_dir))
-    return (training_config or {}).get("block_format", "contiguous")
+    return (read_training_config(model_dir) or {}).get("block_format", "contiguous")
 
 
 def _validation_file_blocks(args, tokenizer):
@@ -256,26 +201,6 @@ def _validation_file_blocks(args, tokenizer):
             "give more text or a smaller --block_size."
         )
     return blocks
-
-
-def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable=None):
-    """
-    (inputs, labels) of each pass over a batch [batch, seq]; together the passes score every token exactly once.
-
-    causal: one pass, every next token (labels = input_ids, shifted inside the model). masked with transformer
-    towers: pass k replaces the positions p with p % mask_passes == k by the mask token (no 80/10/10: the score
-    of a token must not depend on a random draw) and labels them. ELMo-style LSTM towers: one unmasked pass.
-    `scorable` [batch, seq] (sentence-pair blocks): the positions that may be scored or masked; None for all.
-    """
-    if not needs_masking(objective, tower_type):
-        yield input_ids, input_ids if scorable is None else input_ids.masked_fill(~scorable, -100)
-        return
-    position = torch.arange(input_ids.shape[1], device=input_ids.device)
-    for index in range(mask_passes):
-        masked = (position % mask_passes == index).expand_as(input_ids)  # [batch, seq]
-        if scorable is not None:
-            masked = masked & scorable
-        yield input_ids.masked_fill(masked, mask_token_id), input_ids.masked_fill(~masked, -100)
 
 
 def collate_scored_blocks(examples, unscored_ids=()):
@@ -296,86 +221,6 @@ def masking_description(objective, tower_type, mask_passes):
         f"{mask_passes} deterministic passes, each token masked once (pass k replaces the positions p with "
         f"p % {mask_passes} == k by the mask token)"
     )
-
-
-@torch.inference_mode()
-def stream_gold_logprobs(
-    models, dataloader, probe_chunk_size=None, disable_tqdm=False, mask_passes=DEFAULT_MASK_PASSES, mask_token_id=None
-):
-    """
-    Run the probes of every model (probe sets on one frozen model: the towers of the first run once for all)
-    and the joint model of the first over every batch of blocks, in the scoring passes of the objective.
-
-    Yields per pass (gold token ids [n], gold log-probs [models, probes, n] float32 with every replica of every
-    tower, tower-major as in `TwoTowerProbes`, joint NLL sum of models[0]).
-    """
-    device = next(models[0].parameters()).device
-    config = models[0].config
-    objective = objective_of(config)
-    for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
-        input_ids = batch["input_ids"].to(device)  # [batch, seq]
-        attention_mask, scorable = batch.get("attention_mask"), None  # sentence-pair blocks: padding, never scored
-        if attention_mask is not None:
-            attention_mask, scorable = attention_mask.to(device), batch["labels"].to(device) != -100
-        passes = scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id, scorable)
-        for inputs, labels in passes:
-            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
-            scored = targets != -100
-            # the towers run once for every probe set and the joint model
-            features = models[0].probe_features(inputs, attention_mask)
-            gold = torch.stack(
-                [
-                    model.probe_logprobs(
-                        inputs, labels=labels, chunk_size=probe_chunk_size, features=features, all_replicas=True
-                    ).flatten(0, 1)
-                    for model in models
-                ]
-            )
-            # the joint model at the scored positions only (a masking pass scores 1 in mask_passes)
-            scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
-            logits = models[0].logits_from_probe_features(scored_features.unsqueeze(1))[0]  # [n, vocab]
-            joint_nll = F.cross_entropy(logits.float(), targets[scored], reduction="sum").item()
-            yield targets[scored].cpu().numpy(), gold[:, :, scored].cpu().numpy(), joint_nll
-
-
-def preference_accumulator(config, pair_replicas=True):
-    """
-    The accumulator of a model's probes: with one probe per tower the occurrence-level statistics; with replicas
-    the replica-level ones, pairing replica r of every tower (trained on one data order) unless told not to.
-    """
-    if config.probe_replicas == 1:
-        return PreferenceAccumulator(num_towers=config.num_towers, vocab_size=config.vocab_size)
-    probe_towers = np.repeat(np.arange(config.num_towers), config.probe_replicas).tolist()
-    probe_runs = np.tile(np.arange(config.probe_replicas), config.num_towers).tolist() if pair_replicas else None
-    return ReplicaPreferenceAccumulator(probe_towers, probe_runs, vocab_size=config.vocab_size)
-
-
-def score_blocks(
-    model,
-    dataloader,
-    probe_chunk_size=None,
-    disable_tqdm=False,
-    mask_passes=DEFAULT_MASK_PASSES,
-    mask_token_id=None,
-    pair_replicas=True,
-):
-    """
-    Run the probes and the joint model over every batch of blocks, in the scoring passes of the model's objective.
-
-    Returns the accumulator of all predictions (see `preference_accumulator`) and the token-weighted mean negative
-    log-likelihood of the joint model and of each probe ({"joint": float, "probes": [float per probe]}, tower-major).
-    """
-    accumulator = preference_accumulator(model.config, pair_replicas)
-    joint_nll_sum, probe_nll_sums, num_targets = 0.0, np.zeros(model.config.num_probes), 0
-    for targets, gold, joint_nll in stream_gold_logprobs(
-        [model], dataloader, probe_chunk_size, disable_tqdm, mask_passes, mask_token_id
-    ):
-        joint_nll_sum += joint_nll
-        probe_nll_sums -= gold[0].astype(np.float64).sum(axis=1)
-        num_targets += targets.shape[0]
-        accumulator.update(targets, gold[0])
-    mean_nll = {"joint": joint_nll_sum / num_targets, "probes": (probe_nll_sums / num_targets).tolist()}
-    return accumulator, mean_nll
 
 
 def probe_perplexities(probe_mean_nll, num_towers):
@@ -399,6 +244,42 @@ def _data_description(args):
     return f"{args.split} split of {args.dataset_name}{config_name}"
 
 
+def _tokenizer_that_fits(args, model_config):
+    """The model folder's tokenizer, checked against the model: its vocabulary, its mask token, its positions."""
+    tokenizer = load_tokenizer(args.model_dir)
+    check_tokenizer_fits(tokenizer, model_config.vocab_size)
+    if needs_masking(objective_of(model_config), model_config.tower_type) and tokenizer.mask_token_id is None:
+        raise TwoTowerUserError(
+            f"{args.model_dir} holds a masked LM but its tokenizer has no mask token to score it with; save the "
+            "tokenizer the model was trained with (the training command does)."
+        )
+    if args.block_size > model_config.max_position_embeddings:
+        raise TwoTowerUserError(
+            f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
+            f"({model_config.max_position_embeddings}); lower --block_size."
+        )
+    return tokenizer
+
+
+def _model_description(model_dir, model) -> dict:
+    """The scored model, as preference.json records it under "model"."""
+    config = model.config
+    return {
+        "path": str(Path(model_dir).resolve()),
+        "model_type": config.model_type,
+        "architecture": type(model).__name__,
+        "tower_type": config.tower_type,
+        "cooperative": config.cooperative,
+        "num_towers": config.num_towers,
+        "probe_replicas": config.probe_replicas,
+        "probe_type": config.probe_type,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "vocab_size": config.vocab_size,
+        "num_parameters": model.num_parameters(),
+    }
+
+
 def score_model(model_dir, output_dir, **options):
     """
     Score `model_dir` and write the report folder `output_dir`; `options` are ScoringArguments' other fields.
@@ -409,52 +290,29 @@ def score_model(model_dir, output_dir, **options):
     args = ScoringArguments(model_dir=str(model_dir), output_dir=str(output_dir), **options)
     check_output_dir(args.output_dir, args.model_dir)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    model = load_model(args.model_dir, DTYPES[args.dtype]).to(device)
+    model = load_two_tower(args.model_dir, DTYPES[args.dtype]).to(device)
     objective, tower_type = objective_of(model.config), model.config.tower_type
-    tokenizer = load_tokenizer(args.model_dir)
-    check_tokenizer_fits(tokenizer, model.config.vocab_size)
-    if needs_masking(objective, tower_type) and tokenizer.mask_token_id is None:
-        raise TwoTowerUserError(
-            f"{args.model_dir} holds a masked LM but its tokenizer has no mask token to score it with; save the "
-            "tokenizer the model was trained with (the training command does)."
-        )
-    if args.block_size > model.config.max_position_embeddings:
-        raise TwoTowerUserError(
-            f"--block_size {args.block_size} exceeds the model's max_position_embeddings "
-            f"({model.config.max_position_embeddings}); lower --block_size."
-        )
+    tokenizer = _tokenizer_that_fits(args, model.config)
 
     blocks = load_blocks(args, tokenizer)
     # a masked LM never predicts the [CLS] and [SEP] of sentence-pair blocks (nor, as any model, their padding)
     unscored_ids = [tokenizer.cls_token_id, tokenizer.sep_token_id] if needs_masking(objective, tower_type) else []
     collate = partial(collate_scored_blocks, unscored_ids=[token for token in unscored_ids if token is not None])
     dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate)
-    accumulator, mean_nll = score_blocks(
+    scores = score_blocks(
         model,
         dataloader,
-        args.probe_chunk_size,
-        args.disable_tqdm,
-        args.mask_passes,
-        tokenizer.mask_token_id,
-        args.pair_replicas,
+        probe_chunk_size=args.probe_chunk_size,
+        mask_passes=args.mask_passes,
+        mask_token_id=tokenizer.mask_token_id,
+        pair_replicas=args.pair_replicas,
+        disable_tqdm=args.disable_tqdm,
     )
+    (accumulator,) = scores.accumulators
     result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
 
     report = {
-        "model": {
-            "path": str(Path(args.model_dir).resolve()),
-            "model_type": model.config.model_type,
-            "architecture": type(model).__name__,
-            "tower_type": tower_type,
-            "cooperative": model.config.cooperative,
-            "num_towers": model.config.num_towers,
-            "probe_replicas": model.config.probe_replicas,
-            "probe_type": model.config.probe_type,
-            "hidden_size": model.config.hidden_size,
-            "num_hidden_layers": model.config.num_hidden_layers,
-            "vocab_size": model.config.vocab_size,
-            "num_parameters": model.num_parameters(),
-        },
+        "model": _model_description(args.model_dir, model),
         "data": {
             "description": _data_description(args),
             **{field: getattr(args, field) for field in DATA_FIELDS},
@@ -464,8 +322,8 @@ def score_model(model_dir, output_dir, **options):
         "settings": {field: getattr(args, field) for field in SETTINGS_FIELDS}
         | {"objective": objective, "masking": masking_description(objective, tower_type, args.mask_passes)}
         | {"device": device.type},
-        "perplexity": {"joint": perplexity(mean_nll["joint"])}
-        | probe_perplexities(mean_nll["probes"], model.config.num_towers),
+        "perplexity": {"joint": perplexity(scores.joint_mean_nll)}
+        | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),
     }
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     write_report(args.output_dir, report, result, tokens)

@@ -33,15 +33,17 @@ from pathlib import Path
 
 import yaml
 
+from twotower.training import cli
 from twotower.training.arguments import load_config, read_recipe, resolve_recipe_path
 from twotower.training.atomic import write_text_atomically
 from twotower.training.checkpointing import FINAL_MODEL_DIR
-from twotower.training.cli import run
+from twotower.training.errors import TwoTowerUserError
+from twotower.training.loading import read_training_config
 from twotower.training.run_folder import continuation_options
 from twotower.training.train import training_function
 
 from .report import PER_TOKEN_CSV, PREFERENCE_JSON
-from .score import TRAINING_CONFIG_NAME, ScoringArguments, score_model
+from .score import ScoringArguments, score_model
 from .study_report import write_study_report
 
 
@@ -99,22 +101,22 @@ class StudyConfig:
         self.eval_texts = {name: EvalText(**text) for name, text in self.eval_texts.items()}
         self.families = {name: ModelFamily(**family) for name, family in self.families.items()}
         if not self.eval_texts:
-            raise ValueError("The study recipe lists no `eval_texts`; name at least one text to score.")
+            raise TwoTowerUserError("The study recipe lists no `eval_texts`; name at least one text to score.")
         for cell in self.grid:
             if cell.get("family") not in self.families:
-                raise ValueError(
+                raise TwoTowerUserError(
                     f"Grid cell {cell} names family {cell.get('family')!r}; define it under `families` "
                     f"(known: {sorted(self.families)})."
                 )
             unknown = set(cell) - {"family", "num_towers", "seeds"}
             if unknown:
-                raise ValueError(f"Grid cell {cell} has unknown keys {sorted(unknown)}; use family, num_towers, seeds.")
+                raise TwoTowerUserError(f"Grid cell {cell} has unknown keys {sorted(unknown)}; use family, num_towers, seeds.")
         for name, family in self.families.items():
             if family.control_of is not None and family.control_of not in self.families:
-                raise ValueError(f"Family {name!r} is the control of {family.control_of!r}, which is not defined.")
+                raise TwoTowerUserError(f"Family {name!r} is the control of {family.control_of!r}, which is not defined.")
         replicas = self.probe.get("probe_replicas")
         if not isinstance(replicas, int) or replicas < MIN_PROBE_REPLICAS:
-            raise ValueError(
+            raise TwoTowerUserError(
                 f"The study recipe's `probe` options set probe_replicas={replicas!r}; set it to an integer >= "
                 f"{MIN_PROBE_REPLICAS} (e.g. `probe: {{probe_replicas: 4}}`): the replica-level test and the "
                 "same-tower noise floor compare probes of one tower."
@@ -126,10 +128,10 @@ class StudyConfig:
         known = {option.name for option in dataclasses.fields(ScoringArguments)}
         unknown = sorted(set(self.scoring) - known)
         if unknown:
-            raise ValueError(f"The study recipe's `scoring` sets unknown options {unknown}; see ScoringArguments.")
+            raise TwoTowerUserError(f"The study recipe's `scoring` sets unknown options {unknown}; see ScoringArguments.")
         fixed = sorted(set(self.scoring) & set(SCORING_SET_BY_STUDY))
         if fixed:
-            raise ValueError(
+            raise TwoTowerUserError(
                 f"The study recipe's `scoring` sets {fixed}, which the study sets itself (the probe model, the score "
                 "folder, each text and its max_blocks spread over the text, centered preferences); drop them."
             )
@@ -158,7 +160,7 @@ def load_study_config(recipe: str) -> StudyConfig:
     """A study recipe name (evaluation/study_recipes) or a YAML path -> StudyConfig."""
     path = resolve_recipe_path(recipe, STUDY_RECIPES_DIR)
     if "probe_seed_offset" in (yaml.safe_load(path.read_text()) or {}):
-        raise ValueError(
+        raise TwoTowerUserError(
             f"{path} sets `probe_seed_offset`, which the study no longer has: instead of a second probe set trained "
             "with another seed, each run trains one probe run with several probe replicas per tower, and the noise "
             "floor compares replicas of one tower. Delete `probe_seed_offset` and set `probe: {probe_replicas: 4}`."
@@ -194,8 +196,7 @@ def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_block
     """
     if (score_dir / PREFERENCE_JSON).is_file() and (score_dir / PER_TOKEN_CSV).is_file():
         return json.loads((score_dir / PREFERENCE_JSON).read_text()), None
-    training_config = yaml.safe_load((probe_model_dir / TRAINING_CONFIG_NAME).read_text())
-    options = {"block_size": training_config["block_size"], "disable_tqdm": True, **scoring}
+    options = {"block_size": read_training_config(probe_model_dir)["block_size"], "disable_tqdm": True, **scoring}
     start = time.perf_counter()
     report = score_model(
         probe_model_dir,
@@ -213,7 +214,7 @@ def text_figures(report: dict, seconds: float | None) -> dict:
     """What run.json keeps of one text's report: the replica-level figures, perplexities and the scoring time."""
     summary = report["summary"]
     if summary.get("test") != "replica":
-        raise ValueError(
+        raise TwoTowerUserError(
             f"{report['model']['path']} has {report['model'].get('probe_replicas', 1)} probe per tower, so its "
             "report has no replica-level test; the probe run must train `probe_replicas` >= 2 probes per tower."
         )
@@ -269,7 +270,7 @@ def load_run_summary(path: Path) -> dict:
     """A finished run's run.json; a clear error for one written before probe replicas (two probe sets)."""
     summary = json.loads(path.read_text())
     if "probe" not in summary:
-        raise ValueError(
+        raise TwoTowerUserError(
             f"{path} was written by the study's earlier design (two probe sets, no probe replicas), which this "
             "report cannot read; pass a new --output_dir, or delete that run's folder to rerun it."
         )
@@ -285,7 +286,7 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
     selected = [run for run in study.runs() if runs_pattern is None or re.search(runs_pattern, run.name)]
     if not selected:
         names = [run.name for run in study.runs()]
-        raise ValueError(f"--runs {runs_pattern!r} selects none of the grid's runs: {names}.")
+        raise TwoTowerUserError(f"--runs {runs_pattern!r} selects none of the grid's runs: {names}.")
     if not aggregate_only:
         for index, run in enumerate(selected, 1):
             run_dir = output_dir / "runs" / run.name
@@ -324,4 +325,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run(main)
+    cli.run(main)

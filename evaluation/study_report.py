@@ -18,9 +18,7 @@ import json
 import os
 import platform
 from datetime import date
-from pathlib import Path
 
-import jinja2
 import numpy as np
 import pandas as pd
 import torch
@@ -29,7 +27,7 @@ from scipy import stats
 
 from twotower.training.atomic import write_text_atomically
 
-from .report import eligible_preferences, load_report, save_figure
+from .report import eligible_preferences, load_report, save_figure, template_environment
 from .token_categories import categorize, category_preferences, plot_category_preferences
 from .tower_preference.preference_stats import compare_preferences
 
@@ -38,7 +36,6 @@ RECURRENCE_ALPHA = 0.01  # every seed pair's correlation must be this significan
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
 STUDY_TEMPLATE = "study.md.j2"
-TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 
 
 def _fmt(value, digits=3):
@@ -382,15 +379,7 @@ def machine_description():
 
 def render_template(name, **context):
     """A document from evaluation/templates (shipped with the package), with the report's number filters."""
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
-        undefined=jinja2.StrictUndefined,  # a missing figure fails the render instead of printing nothing
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    environment.filters.update(fmt=_fmt, percent=_percent)
-    return environment.get_template(name).render(**context)
+    return template_environment(fmt=_fmt, percent=_percent).get_template(name).render(**context)
 
 
 def study_json(command, rows, cross_rows, categories):

@@ -1,4 +1,5 @@
-"""Layers that run every tower at once: each tower's weights stacked along a leading tower dimension."""
+"""Layers that run every tower at once (each tower's weights stacked along a leading tower dimension), and the
+two layouts of the towers' hidden states: stacked [towers, ...] and concatenated [..., towers * hidden]."""
 
 import math
 
@@ -55,4 +56,16 @@ class TwoTowerBatchedLayerNorm(nn.Module):
         return normalized * self.weight.view(shape) + self.bias.view(shape)
 
 
-__all__ = ["TwoTowerBatchedLayerNorm", "TwoTowerBatchedLinear", "TwoTowerBlockLinear"]
+def concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:
+    # [towers, batch, seq, hidden] -> [batch, seq, towers * hidden], tower 0 first
+    num_towers, batch, seq, hidden = hidden_states.shape
+    return hidden_states.permute(1, 2, 0, 3).reshape(batch, seq, num_towers * hidden)
+
+
+def split_towers(fused_hidden_states: torch.Tensor, num_towers: int) -> torch.Tensor:
+    # [batch, seq, towers * hidden] -> [towers, batch, seq, hidden], a view
+    batch, seq, _ = fused_hidden_states.shape
+    return fused_hidden_states.view(batch, seq, num_towers, -1).permute(2, 0, 1, 3)
+
+
+__all__ = ["TwoTowerBatchedLayerNorm", "TwoTowerBatchedLinear", "TwoTowerBlockLinear", "concat_towers", "split_towers"]

@@ -1,14 +1,13 @@
 """PyTorch two-tower language model (He & Toyoizumi, "Spontaneous Emerging Preference in Two-tower Language Model").
 
-All towers run together: every per-tower weight is stacked along a leading tower dimension, every matmul is
-a batched matmul over towers, and attention folds the towers into the head dimension, so one attention call
-(and one cache slot per depth) covers every tower's heads. Towers never exchange information before the
-fusion head. The batched layers are in `batched_layers.py`, the LSTM towers in `lstm_towers.py`, the probes in
-`probes.py`.
+All towers run together: every per-tower weight is stacked along a leading tower dimension and every matmul is
+a batched matmul over towers. Towers never exchange information before the LM head. This module assembles the
+parts, each in a module of its own: the batched layers (`batched_layers.py`), the transformer layers
+(`decoder_layers.py`), the LSTM towers (`lstm_towers.py`), the LM heads (`heads.py`), the probes (`probes.py`),
+the checks of user inputs (`input_checks.py`) and the reference code's initialisation
+(`reference_initialization.py`).
 """
 
-from collections.abc import Callable
-import math
 from dataclasses import dataclass
 
 import torch
@@ -16,19 +15,31 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_causal_mask,
+    find_packed_sequence_indices,
+    packed_sequence_mask_function,
+)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, TwoTowerBlockLinear
+from .batched_layers import (
+    TwoTowerBatchedLayerNorm,
+    TwoTowerBatchedLinear,
+    concat_towers,
+    split_towers,
+)
 from .configuration_twotower import TwoTowerConfig
+from .decoder_layers import TwoTowerDecoderLayer
+from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
+from .input_checks import check_labels, check_inputs, check_probe_features
 from .lstm_towers import TwoTowerELMoTowers, TwoTowerLSTMTowers
 from .probes import TwoTowerProbes
+from .reference_initialization import init_reference_weights
 
 
 @dataclass
@@ -53,115 +64,6 @@ class TwoTowerCausalLMOutputWithPast(CausalLMOutputWithPast):
     tower_hidden_states: torch.FloatTensor | None = None
 
 
-def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    # query [batch, towers * heads, q_len, head_dim]; key, value [batch, towers * heads, kv_len, head_dim]
-    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None and attention_mask.dtype == torch.bool:  # an SDPA-style mask: True = attend
-        attn_weights = attn_weights.masked_fill(~attention_mask, torch.finfo(attn_weights.dtype).min)
-    elif attention_mask is not None:
-        attn_weights = attn_weights + attention_mask
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
-    attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
-    return attn_output, attn_weights
-
-
-class TwoTowerAttention(nn.Module):
-    """Causal self-attention of every tower at one depth, the towers folded into the head dimension."""
-
-    def __init__(self, config: TwoTowerConfig, layer_idx: int):
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.num_towers = config.num_towers
-        self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.is_causal = not config.bidirectional
-        self.q_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.k_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.v_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
-        self.o_proj = TwoTowerBlockLinear(
-            config.num_towers, config.hidden_size, config.hidden_size, writes_residual=True
-        )
-
-    def _to_heads(self, states: torch.Tensor) -> torch.Tensor:
-        # [towers, batch, seq, hidden] -> [batch, towers * heads, seq, head_dim], tower-major head order
-        num_towers, batch, seq, _ = states.shape
-        states = states.view(num_towers, batch, seq, -1, self.head_dim).permute(1, 0, 3, 2, 4)
-        return states.reshape(batch, -1, seq, self.head_dim)
-
-    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
-        num_towers, batch, seq, hidden = hidden_states.shape
-        query = self._to_heads(self.q_proj(hidden_states))
-        key = self._to_heads(self.k_proj(hidden_states))
-        value = self._to_heads(self.v_proj(hidden_states))
-        if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)
-
-        # Attention weights exist only on the eager path; interpretability users ask for them explicitly.
-        implementation = "eager" if output_attentions else self.config._attn_implementation
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.config.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-        )
-        # [batch, seq, towers * heads, head_dim] -> [towers, batch, seq, hidden]
-        attn_output = attn_output.reshape(batch, seq, num_towers, hidden).permute(2, 0, 1, 3)
-        return self.o_proj(attn_output), attn_weights
-
-
-class TwoTowerMLP(nn.Module):
-    def __init__(self, config: TwoTowerConfig):
-        super().__init__()
-        self.up_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.intermediate_size)
-        self.down_proj = TwoTowerBlockLinear(
-            config.num_towers, config.intermediate_size, config.hidden_size, writes_residual=True
-        )
-        self.act_fn = ACT2FN[config.hidden_act]
-
-    def forward(self, hidden_states):
-        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
-
-
-class TwoTowerDecoderLayer(GradientCheckpointingLayer):
-    """Pre-LN transformer block at one depth of every tower; hidden states [towers, batch, seq, hidden]."""
-
-    def __init__(self, config: TwoTowerConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
-        self.self_attn = TwoTowerAttention(config, layer_idx)
-        self.post_attention_layernorm = TwoTowerBatchedLayerNorm(
-            config.num_towers, config.hidden_size, config.layer_norm_eps
-        )
-        self.mlp = TwoTowerMLP(config)
-        self.dropout = nn.Dropout(config.hidden_dropout)
-
-    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
-        # Self Attention
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, attn_weights = self.self_attn(hidden_states, attention_mask, cache, output_attentions)
-        hidden_states = residual + self.dropout(hidden_states)
-
-        # Fully Connected
-        residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        hidden_states = residual + self.dropout(hidden_states)
-        return hidden_states, attn_weights
-
-
-def _torch_default_linear_(weight: torch.Tensor, bias: torch.Tensor, in_features: int):
-    # nn.Linear's own initialisation (kaiming_uniform with a = sqrt(5)) is U(+-1/sqrt(fan_in)), for the bias too
-    bound = 1 / math.sqrt(in_features)
-    init.uniform_(weight, -bound, bound)
-    init.uniform_(bias, -bound, bound)
-
-
 class TwoTowerPreTrainedModel(PreTrainedModel):
     config: TwoTowerConfig
     config_class = TwoTowerConfig
@@ -171,9 +73,14 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
 
+    def save_pretrained(self, save_directory, *args, save_original_format: bool = False, **kwargs):
+        # Checkpoints are written with this code's parameter names. The conversion mapping (heads.py) reads older
+        # ones; its reverse cannot tell the fusion head from the control's heads, whose new names are alike.
+        return super().save_pretrained(save_directory, *args, save_original_format=save_original_format, **kwargs)
+
     def _init_weights(self, module):
         if self.config.initialization == "reference":
-            self._init_reference_weights(module)
+            init_reference_weights(module, self.config, self.get_output_embeddings())
             return
         super()._init_weights(module)  # nn.Linear (incl. the decoder's output bias), nn.Embedding, *LayerNorm, LSTM
         if isinstance(module, TwoTowerBatchedLinear):
@@ -182,37 +89,6 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TwoTowerBatchedLayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-
-    def _init_reference_weights(self, module):
-        """The reference code's initialisation of each weight kind (the table in TwoTowerConfig's docstring)."""
-        std = self.config.initializer_range
-        is_decoder = module is getattr(self, "lm_head", None)  # its weight is the tied embedding
-        if isinstance(module, nn.Embedding) or is_decoder:
-            if self.config.layout == "gpt":  # GPT-2's _init_weights
-                init.normal_(module.weight, mean=0.0, std=std)
-            else:  # the reference's pt_emb / position_embeddings: .uniform_(-0.02, 0.02)
-                init.uniform_(module.weight, -std, std)
-        if is_decoder:
-            init.zeros_(module.bias)  # the output bias
-        elif isinstance(module, nn.Embedding):
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.Linear):
-            _torch_default_linear_(module.weight, module.bias, module.in_features)
-        elif isinstance(module, TwoTowerBlockLinear):
-            # DeepSpeed's kernel and GPT-2 alike: N(0, std), the residual writers scaled by 1/sqrt(2 L)
-            depth_scale = 1 / math.sqrt(2 * self.config.num_hidden_layers) if module.writes_residual else 1.0
-            init.normal_(module.weight, mean=0.0, std=std * depth_scale)
-            init.zeros_(module.bias)
-        elif isinstance(module, TwoTowerBatchedLinear):  # the per-tower projections and the probes: plain nn.Linear
-            _torch_default_linear_(module.weight, module.bias, module.weight.shape[1])
-        elif isinstance(module, nn.LSTM):
-            for param in module.parameters():  # nn.LSTM's own initialisation
-                init.uniform_(param, -1 / math.sqrt(module.hidden_size), 1 / math.sqrt(module.hidden_size))
-        elif isinstance(module, (nn.LayerNorm, TwoTowerBatchedLayerNorm)):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-
 
 class TwoTowerModel(TwoTowerPreTrainedModel):
     """
@@ -256,36 +132,12 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def _check_inputs(self, input_ids, inputs_embeds, past_seen_tokens, use_cache, output_attentions):
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
-        _check_input_shape(input_ids, inputs_embeds)
-        if self.config.tower_type == "lstm" and (use_cache or output_attentions):
-            option = "use_cache" if use_cache else "output_attentions"
-            raise ValueError(
-                f"`{option}=True` does not apply to LSTM towers (no attention, no key/value cache); drop it."
-            )
-        if self.config.bidirectional and use_cache:
-            raise ValueError("`use_cache=True` needs causal towers; a bidirectional (masked) model has no cache.")
-        seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        if past_seen_tokens + seq_len > self.config.max_position_embeddings:
-            raise ValueError(
-                f"Sequence length {past_seen_tokens + seq_len} (cached {past_seen_tokens} + new {seq_len}) exceeds "
-                f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input "
-                f"(e.g. tokenizer(..., truncation=True, max_length={self.config.max_position_embeddings}))."
-            )
-        # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
-        if input_ids is not None and not torch.compiler.is_compiling():
-            vocab_size = self.config.vocab_size
-            if bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
-                bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)][0].item()
-                raise ValueError(
-                    f"Token id {bad} is outside [0, {vocab_size}); the tokenizer does not match this model "
-                    f"(resize it with `model.resize_token_embeddings(len(tokenizer))`)."
-                )
-
     def _tower_inputs(self, inputs_embeds, position_ids):
         """The embedding [batch, seq, embedding_size] and, from it, each tower's input [towers, batch, seq, hidden]."""
+        if self.config.layout == "elmo":
+            # the ELMo towers are the whole stack; the reference shifts [PAD] (id 0) in front of each direction
+            start_id = 0 if self.config.pad_token_id is None else self.config.pad_token_id
+            return inputs_embeds, self.elmo_towers(inputs_embeds, self.embed_tokens.weight[start_id])
         embeddings = inputs_embeds + self.embed_positions(position_ids)
         per_tower = (self.config.num_towers, *embeddings.shape)
         if self.config.layout == "gpt":
@@ -295,13 +147,29 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         embeddings = self.dropout(self.embed_norm(embeddings))
         return embeddings, self.tower_proj(embeddings.expand(per_tower))
 
+    def _fuse(self, hidden_states):
+        """The towers' normalized concatenation [batch, seq, towers * hidden], what the LM head and probes read."""
+        if self.config.cooperative:
+            fused_hidden_states = self.fusion_norm(concat_towers(hidden_states))
+        else:  # the control's norms are per tower
+            fused_hidden_states = concat_towers(self.fusion_norm(hidden_states))
+        if self.config.layout == "elmo":  # the reference's ELMo drops out the fused features too
+            fused_hidden_states = self.dropout(fused_hidden_states)
+        return fused_hidden_states
+
     def _attention_mask(self, inputs_embeds, attention_mask, cache, position_ids, output_attentions):
         # Attention weights come from the eager path, which needs the mask SDPA would skip.
+        # Packed rows (position_ids restarting inside a row, no attention_mask) attend within each sequence, as in
+        # transformers' own models; an empty cache holds no past, so it does not turn that off.
+        cache = cache if cache is not None and cache.get_seq_length() > 0 else None
         if self.config.bidirectional:
+            batch_position_ids = position_ids.expand(inputs_embeds.shape[0], -1)
+            packed = None if attention_mask is not None else find_packed_sequence_indices(batch_position_ids)
             return create_bidirectional_mask(
                 config=self.config,
                 inputs_embeds=inputs_embeds,
                 attention_mask=attention_mask,
+                and_mask_function=None if packed is None else packed_sequence_mask_function(packed),
                 allow_is_bidirectional_skip=not output_attentions,
             )
         return create_causal_mask(
@@ -314,6 +182,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         )
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -325,17 +194,18 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_tower_hidden_states: bool = False,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> TwoTowerModelOutputWithPast | tuple:
+    ) -> TwoTowerModelOutputWithPast:
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
-        self._check_inputs(input_ids, inputs_embeds, past_seen_tokens, use_cache, output_attentions)
+        check_inputs(
+            self.config, input_ids, inputs_embeds, attention_mask, position_ids, past_seen_tokens, use_cache,
+            output_attentions,
+        )
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, embedding_size]
@@ -345,20 +215,14 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
 
-        if self.config.layout == "elmo":
-            # the reference shifts [PAD] (id 0) in front of each direction's sequence
-            start_id = 0 if self.config.pad_token_id is None else self.config.pad_token_id
-            embeddings = inputs_embeds
-            hidden_states = self.elmo_towers(inputs_embeds, self.embed_tokens.weight[start_id])
-        else:
-            embeddings, hidden_states = self._tower_inputs(inputs_embeds, position_ids)
+        embeddings, hidden_states = self._tower_inputs(inputs_embeds, position_ids)
         all_hidden_states = (embeddings,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         if self.config.tower_type == "lstm":
             if self.config.layout == "bert":
                 hidden_states = self.lstm_towers(hidden_states)
             if output_hidden_states:
-                all_hidden_states += (_concat_towers(hidden_states),)
+                all_hidden_states += (concat_towers(hidden_states),)
         else:
             mask = self._attention_mask(inputs_embeds, attention_mask, cache, position_ids, output_attentions)
             for layer in self.layers:
@@ -366,84 +230,28 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
                     hidden_states, attention_mask=mask, cache=cache, output_attentions=output_attentions
                 )
                 if output_hidden_states:
-                    all_hidden_states += (_concat_towers(hidden_states),)
+                    all_hidden_states += (concat_towers(hidden_states),)
                 if output_attentions:
                     all_attentions += (attn_weights,)
 
         if self.config.layout == "gpt":
             hidden_states = self.tower_norm(hidden_states)
-        if self.config.cooperative:
-            fused_hidden_states = self.fusion_norm(_concat_towers(hidden_states))
-        else:
-            fused_hidden_states = _concat_towers(self.fusion_norm(hidden_states))
-        if self.config.layout == "elmo":  # the reference's ELMo drops out the fused features too
-            fused_hidden_states = self.dropout(fused_hidden_states)
-        output = TwoTowerModelOutputWithPast(
-            last_hidden_state=fused_hidden_states,
+        return TwoTowerModelOutputWithPast(
+            last_hidden_state=self._fuse(hidden_states),
             cache=cache if use_cache else None,
             hidden_states=all_hidden_states,
             attentions=all_attentions,
             tower_hidden_states=hidden_states if output_tower_hidden_states else None,
         )
-        return output if return_dict else output.to_tuple()
-
-
-def _check_input_shape(input_ids, inputs_embeds):
-    # one clear error before any work, instead of an IndexError or an empty reduction deep inside the towers
-    if input_ids is not None and input_ids.dim() != 2:
-        raise ValueError(
-            f"`input_ids` has shape {tuple(input_ids.shape)}; pass token ids of shape [batch, seq] (one sequence: "
-            f"`input_ids[None]`; more dimensions: `input_ids.view(-1, input_ids.shape[-1])`)."
-        )
-    if inputs_embeds is not None and inputs_embeds.dim() != 3:
-        raise ValueError(
-            f"`inputs_embeds` has shape {tuple(inputs_embeds.shape)}; pass embeddings of shape "
-            f"[batch, seq, embedding_size]."
-        )
-    inputs = input_ids if input_ids is not None else inputs_embeds
-    if inputs is not None and inputs.shape[0] * inputs.shape[1] == 0:
-        name = "input_ids" if input_ids is not None else "inputs_embeds"
-        raise ValueError(
-            f"`{name}` has shape {tuple(inputs.shape)}, no tokens; pass at least one sequence of at least one token."
-        )
-
-
-def _check_label_values(labels: torch.LongTensor, vocab_size: int):
-    # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
-    if torch.compiler.is_compiling():
-        return
-    bad = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
-    if bool(bad.any()):
-        raise ValueError(
-            f"`labels` holds {labels[bad][0].item()}, neither a token id in [0, {vocab_size}) nor -100 (ignored); "
-            f"pass this model's token ids, with -100 where nothing is predicted (a tokenizer larger than the model: "
-            f"`model.resize_token_embeddings(len(tokenizer))`)."
-        )
-
-
-def _concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:
-    # [towers, batch, seq, hidden] -> [batch, seq, towers * hidden], tower 0 first
-    num_towers, batch, seq, hidden = hidden_states.shape
-    return hidden_states.permute(1, 2, 0, 3).reshape(batch, seq, num_towers * hidden)
-
-
-def _keep_positions(states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-    # `logits_to_keep` of GenerationMixin along the sequence axis (-2): 0 keeps all, n the last n, a tensor indexes
-    if isinstance(logits_to_keep, torch.Tensor):
-        return states[..., logits_to_keep, :]
-    return states[..., -logits_to_keep:, :] if logits_to_keep > 0 else states
 
 
 class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
     """
-    What the causal and masked two-tower LMs share: the towers, the head that turns them into logits, the
-    probes, and resizing. Cooperative (the paper): concatenation -> LayerNorm -> Linear + GELU -> LayerNorm ->
-    decoder tied to the shared embedding, plus an output bias. Control (`cooperative=False`): each tower has
-    its own LM head (probe-shaped, untied) and its own loss, the losses summed; the logits are the towers'
-    equal-weight mixture.
+    What the causal and masked two-tower LMs share: the towers, the LM head (`heads.py`: the paper's fusion head, or
+    with `cooperative=False` the independent-towers control's per-tower heads), the probes, and resizing.
     """
 
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
     towers_bidirectional = False  # what the objective needs of the towers
 
     def __init__(self, config: TwoTowerConfig):
@@ -462,116 +270,36 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
             )
         super().__init__(config)
         self.model = TwoTowerModel(config)
-        if config.cooperative:
-            # Down to the embedding's width (the same width by default), which the tied decoder needs.
-            self.fusion_dense = nn.Linear(config.fused_hidden_size, config.embedding_size)
-            self.fusion_act = ACT2FN[config.hidden_act]
-            self.fusion_output_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-            self.lm_head = nn.Linear(config.embedding_size, config.vocab_size, bias=True)  # bias: output bias
-        else:
-            self.tower_lm_heads = TwoTowerProbes(config)
+        self.lm_head = TwoTowerFusionHead(config) if config.cooperative else TwoTowerIndependentHeads(config)
         self.probes = TwoTowerProbes(config, config.probe_replicas, config.probe_type)
         self.post_init()
 
     def get_output_embeddings(self):
-        return self.lm_head if self.config.cooperative else None
+        # the control's per-tower decoders are untied: nothing to resize with the embedding
+        return self.lm_head.decoder if self.config.cooperative else None
 
     def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
+        self.lm_head.decoder = new_embeddings
 
-    def _split_towers(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
-        # [batch, seq, towers * hidden] -> [towers, batch, seq, hidden]
-        batch, seq, _ = fused_hidden_states.shape
-        return fused_hidden_states.view(batch, seq, self.config.num_towers, -1).permute(2, 0, 1, 3)
-
-    def _fused_logits(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
-        fused_hidden_states = self.fusion_output_norm(self.fusion_act(self.fusion_dense(fused_hidden_states)))
-        return self.lm_head(fused_hidden_states)
-
-    def _control_tower_logprobs(self, features: torch.Tensor) -> torch.Tensor:
-        # [towers, batch, seq, hidden] -> each tower's own log-probabilities [towers, batch, seq, vocab]
-        return self.tower_lm_heads.logits(features).float().log_softmax(-1)
-
-    def _control_mixture(self, tower_logprobs: torch.Tensor) -> torch.Tensor:
-        # the towers' equal-weight mixture, as log-probabilities [batch, seq, vocab]
-        return torch.logsumexp(tower_logprobs, dim=0) - math.log(self.config.num_towers)
-
-    def logits_from_probe_features(self, features: torch.Tensor) -> torch.Tensor:
+    def joint_logits(self, features: torch.Tensor) -> torch.Tensor:
         """
-        The joint model's logits [batch, seq, vocab] from `probe_features`' output: one pass of the towers then
-        serves the joint model and every probe set trained on it (scoring, probe-phase validation).
+        The joint model's logits [batch, seq, vocab] from the towers' features (`probe_features`' output): one pass
+        of the towers then serves the joint model and every probe set trained on it (scoring, probe-phase
+        validation).
         """
-        if self.config.cooperative:
-            return self._fused_logits(_concat_towers(features))
-        return self._control_mixture(self._control_tower_logprobs(features))
-
-    def _control_loss(self, tower_logprobs, target_ids, num_items_in_batch=None):
-        """Sum over towers of each tower's own token-mean cross-entropy (independent-towers control)."""
-        ignored = target_ids.eq(-100)
-        targets = target_ids.masked_fill(ignored, 0).expand(tower_logprobs.shape[0], -1, -1).unsqueeze(-1)
-        gold_logprobs = tower_logprobs.gather(-1, targets).squeeze(-1).masked_fill(ignored, 0.0)
-        num_items = num_items_in_batch if num_items_in_batch is not None else (~ignored).sum()
-        return -gold_logprobs.sum() / num_items
-
-    def _lm_forward(self, input_ids, labels, target_ids, logits_to_keep, model_kwargs, loss_kwargs):
-        """Run the towers, the head and the loss; `target_ids` are the labels aligned with each position."""
-        _check_input_shape(input_ids, model_kwargs.get("inputs_embeds"))
-        reference = input_ids if input_ids is not None else model_kwargs.get("inputs_embeds")
-        if labels is not None and reference is not None and labels.shape != reference.shape[:2]:
-            raise ValueError(
-                f"`labels` has shape {tuple(labels.shape)} but the inputs have shape {tuple(reference.shape[:2])}; "
-                f"pass labels aligned with input_ids."
-            )
-        if labels is not None:
-            _check_label_values(labels, self.config.vocab_size)
-        outputs = self.model(input_ids=input_ids, return_dict=True, **model_kwargs)
-        loss = None
-        if self.config.cooperative:
-            logits = self._fused_logits(_keep_positions(outputs.last_hidden_state, logits_to_keep))
-            if labels is not None:
-                loss = self.loss_function(
-                    logits=logits, labels=labels, vocab_size=self.config.vocab_size, **loss_kwargs
-                )
-        else:
-            # One vocabulary projection serves the loss (every position) and the mixture logits (the kept ones).
-            hidden_states = outputs.last_hidden_state
-            if labels is None:
-                hidden_states = _keep_positions(hidden_states, logits_to_keep)
-            tower_logprobs = self._control_tower_logprobs(self._split_towers(hidden_states))
-            if labels is not None:
-                loss = self._control_loss(tower_logprobs, target_ids(labels), loss_kwargs.get("num_items_in_batch"))
-                tower_logprobs = _keep_positions(tower_logprobs, logits_to_keep)
-            logits = self._control_mixture(tower_logprobs)
-        return TwoTowerCausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            tower_hidden_states=outputs.tower_hidden_states,
-        )
+        return self.lm_head.joint_logits(features)
 
     def probe_features(
         self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
         fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return self._split_towers(fused)
-
-    def _per_tower(self, gold_logprobs: torch.Tensor, all_replicas: bool) -> torch.Tensor:
-        # [probes, ...] -> [towers, replicas, ...], or the replica mean [towers, ...]
-        per_tower = gold_logprobs.view(self.config.num_towers, self.probes.num_replicas, *gold_logprobs.shape[1:])
-        return per_tower if all_replicas else per_tower.mean(dim=1)
+        return split_towers(fused, self.config.num_towers)
 
     def _checked_probe_features(self, input_ids, attention_mask, features):
         if features is None:
             return self.probe_features(input_ids, attention_mask)
-        expected = (self.config.num_towers, *input_ids.shape, self.config.hidden_size)
-        if tuple(features.shape) != expected:
-            raise ValueError(
-                f"`features` has shape {tuple(features.shape)}, expected {expected}: pass "
-                f"`probe_features(input_ids)` of a model with this config, computed on these input_ids."
-            )
+        check_probe_features(self.config, features, input_ids)
         return features
 
     def reset_probes(self, probe_replicas: int | None = None, probe_type: str | None = None) -> TwoTowerProbes:
@@ -597,7 +325,7 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         if self.config.vocab_size != old_vocab_size:
             self.probes.decoder = self._resized_decoder(self.probes.decoder)
             if not self.config.cooperative:
-                self.tower_lm_heads.decoder = self._resized_decoder(self.tower_lm_heads.decoder)
+                self.lm_head.decoder = self._resized_decoder(self.lm_head.decoder)
         return embeddings
 
     def _resized_decoder(self, decoder: TwoTowerBatchedLinear) -> TwoTowerBatchedLinear:
@@ -622,6 +350,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
     towers_bidirectional = False
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -634,10 +363,9 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_tower_hidden_states: bool = False,
-        return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
-    ) -> TwoTowerCausalLMOutputWithPast | tuple:
+    ) -> TwoTowerCausalLMOutputWithPast:
         r"""
         labels (`torch.LongTensor` of shape `[batch, seq]`, *optional*):
             Next-token targets, shifted inside the model (pass `labels=input_ids`); -100 is ignored. With
@@ -657,8 +385,9 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         (torch.Size([1, 4, 128]), torch.Size([2, 1, 4, 64]))
         ```
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        model_kwargs = dict(
+        check_labels(self.config, input_ids, inputs_embeds, labels)
+        outputs = self.model(
+            input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
@@ -667,9 +396,20 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_tower_hidden_states=output_tower_hidden_states,
+            return_dict=True,
         )
-        output = self._lm_forward(input_ids, labels, _next_token_targets, logits_to_keep, model_kwargs, kwargs)
-        return output if return_dict else output.to_tuple()
+        target_ids = None if labels is None else _next_token_targets(labels)
+        logits, loss = self.lm_head(
+            outputs.last_hidden_state, target_ids, logits_to_keep, kwargs.get("num_items_in_batch")
+        )
+        return TwoTowerCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            tower_hidden_states=outputs.tower_hidden_states,
+        )
 
     def probe_logprobs(
         self,
@@ -697,7 +437,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)[:, :, :-1]
-        return self._per_tower(self.probes(features, targets, chunk_size=chunk_size), all_replicas)
+        return self.probes.per_tower(self.probes(features, targets, chunk_size=chunk_size), all_replicas)
 
 
 def _next_token_targets(labels: torch.LongTensor) -> torch.LongTensor:
@@ -714,6 +454,7 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
 
     towers_bidirectional = True
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -724,17 +465,17 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_tower_hidden_states: bool = False,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> TwoTowerCausalLMOutputWithPast | tuple:
+    ) -> TwoTowerCausalLMOutputWithPast:
         r"""
         labels (`torch.LongTensor` of shape `[batch, seq]`, *optional*):
             The original token ids at masked positions and -100 elsewhere (transformers'
             `DataCollatorForLanguageModeling` makes them); with `num_items_in_batch` the loss is a sum over
             tokens divided by it.
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        model_kwargs = dict(
+        check_labels(self.config, input_ids, inputs_embeds, labels)
+        outputs = self.model(
+            input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
@@ -742,9 +483,17 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             output_tower_hidden_states=output_tower_hidden_states,
+            return_dict=True,
         )
-        output = self._lm_forward(input_ids, labels, lambda labels: labels, 0, model_kwargs, kwargs)
-        return output if return_dict else output.to_tuple()
+        logits, loss = self.lm_head(outputs.last_hidden_state, labels, 0, kwargs.get("num_items_in_batch"))
+        return TwoTowerCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            tower_hidden_states=outputs.tower_hidden_states,
+        )
 
     def probe_logprobs(
         self,
@@ -775,7 +524,7 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         if attention_mask is not None:
             labels = labels.masked_fill(attention_mask == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)
-        return self._per_tower(self.probes(features, labels, chunk_size=chunk_size), all_replicas)
+        return self.probes.per_tower(self.probes(features, labels, chunk_size=chunk_size), all_replicas)
 
     def generate(self, *args, **kwargs):
         raise TypeError(

@@ -21,8 +21,7 @@ class TwoTowerProbes(nn.Module):
     tower. `probe_type` "mlp" is the paper's probe (Linear to `config.probe_hidden_size`, GELU, LayerNorm, Linear
     to the vocabulary; not tied); "linear" is softmax regression on the slice (the vocabulary projection alone),
     a convex problem with one optimum. Probes are trained in the probe phase on a frozen model and are what the
-    preference measurement reads. The independent-towers control uses this module (one MLP per tower) as its LM
-    heads.
+    preference measurement reads.
     """
 
     def __init__(self, config: TwoTowerConfig, num_replicas: int = 1, probe_type: str = "mlp"):
@@ -56,6 +55,11 @@ class TwoTowerProbes(nn.Module):
             return features
         expanded = features.unsqueeze(1).expand(self.num_towers, self.num_replicas, *features.shape[1:])
         return expanded.reshape(self.num_probes, *features.shape[1:])
+
+    def per_tower(self, gold_logprobs: torch.Tensor, all_replicas: bool = False) -> torch.Tensor:
+        """[probes, ...] -> [towers, replicas, ...], or with `all_replicas=False` the replica mean [towers, ...]."""
+        per_tower = gold_logprobs.view(self.num_towers, self.num_replicas, *gold_logprobs.shape[1:])
+        return per_tower if all_replicas else per_tower.mean(dim=1)
 
     def transform(self, features: torch.Tensor) -> torch.Tensor:
         # [probes, ..., hidden] -> [probes, ..., hidden], the input of the vocabulary projection

@@ -4,6 +4,7 @@ the padding they bring: never attended to, never a target, never cached, never i
 
 import random
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -15,7 +16,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.score import collate_scored_blocks, stream_gold_logprobs
+from twotower.evaluation.score import collate_scored_blocks
+from twotower.evaluation.scoring_engine import score_blocks
 from twotower.training.data import (
     collate_blocks,
     load_raw_datasets,
@@ -28,7 +30,7 @@ from twotower.training.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.probe_cache import build_feature_cache
 from twotower.training.tokenizer import load_tokenizer, padded_vocab_size
-from twotower.training.validation import evaluate
+from twotower.training.validation import evaluate_blocks
 
 BLOCK_SIZE = 16
 # Three blocks of 16 from anchors 0, 16 and 32: two segments split at the first of two sentence ends equally near
@@ -173,7 +175,7 @@ def test_validation_loss_and_probe_cache_leave_the_padding_out(objective, wikite
         assert expected_loss == ignoring_the_mask
 
     _, loader = make_dataloaders(DatasetDict({"train": blocks, "validation": blocks}), 8, 8, collator, collator)
-    assert evaluate(Accelerator(cpu=True), model, loader)["loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert evaluate_blocks(Accelerator(cpu=True), model, loader)["loss"] == pytest.approx(expected_loss, rel=1e-5)
 
     cache = build_feature_cache(Accelerator(cpu=True), model, blocks, collator, objective, batch_size=8)
     assert torch.equal(cache.targets, targets[scored])  # no padding position, no [CLS] among the targets
@@ -191,9 +193,10 @@ def test_scoring_reads_each_real_token_once_and_never_the_padding(family, wikite
     blocks = wikitext_blocks.select(range(6))
     collate = partial(collate_scored_blocks, unscored_ids=unscored)
     loader = DataLoader(blocks.with_format("torch"), batch_size=4, collate_fn=collate)
-    scored = np.concatenate([targets for targets, _, _ in stream_gold_logprobs(
-        [model], loader, mask_passes=7, mask_token_id=bert_tokenizer.mask_token_id
-    )])  # fmt: skip
+    fed = []  # the gold token id of every scored position, as the engine feeds an accumulator
+    accumulator = SimpleNamespace(update=lambda token_ids, gold_logprobs: fed.extend(token_ids.tolist()))
+    score_blocks(model, loader, accumulators=[accumulator], mask_passes=7, mask_token_id=bert_tokenizer.mask_token_id)
+    scored = np.array(fed)
     expected = []
     for ids, mask in zip(blocks["input_ids"], blocks["attention_mask"]):
         real = ids[: sum(mask)][1 if family == "causal" else 0 :]  # a causal LM never predicts the first token

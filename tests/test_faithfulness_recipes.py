@@ -47,9 +47,9 @@ REFERENCE_NAMES = [
     (r"model\.layers\.(\d+)\.mlp\.up_proj\.(weight|bias)", lambda m: f"trf_layers1.{m[1]}.inter_{m[2][0]}"),
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.(weight|bias)", lambda m: f"trf_layers1.{m[1]}.output_{m[2][0]}"),
     (r"model\.fusion_norm\.(weight|bias)", r"layer_norm_final.\1"),
-    (r"fusion_dense\.(weight|bias)", r"dense_act.\1"),
-    (r"fusion_output_norm\.(weight|bias)", r"layer_norm_trans.\1"),
-    (r"lm_head\.bias", "out_bias"),
+    (r"lm_head\.dense\.(weight|bias)", r"dense_act.\1"),
+    (r"lm_head\.norm\.(weight|bias)", r"layer_norm_trans.\1"),
+    (r"lm_head\.decoder\.bias", "out_bias"),
     (r"probes\.dense\.(weight|bias)", r"dense_act1.\1"),
     (r"probes\.norm\.(weight|bias)", r"layer_norm_trans1.\1"),
     (r"probes\.decoder\.(weight|bias)", r"outnet1.\1"),
@@ -137,7 +137,7 @@ def test_masked_recipes_spare_the_parameters_the_reference_bert_spares(phase):
     }
     assert spared == spared_by_the_reference
     if phase == "pretrain":  # the LayerNorms around the towers decay; those inside their layers do not
-        assert {"model.embed_norm.weight", "model.fusion_norm.weight", "fusion_output_norm.weight"} <= decayed
+        assert {"model.embed_norm.weight", "model.fusion_norm.weight", "lm_head.norm.weight"} <= decayed
         assert {"model.layers.0.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"} <= spared
     else:
         assert decayed == {"probes.dense.weight", "probes.norm.weight", "probes.decoder.weight"}

@@ -122,10 +122,10 @@ def test_parameters_follow_the_paper_architecture():
     assert model.model.embed_positions.weight.shape == (32, fused)
     assert model.model.tower_proj.weight.shape == (3, fused, HIDDEN)  # [towers, in, out]
     assert model.model.layers[0].mlp.up_proj.weight.shape == (3, HIDDEN, FFN)
-    assert model.fusion_dense.weight.shape == (fused, fused)
+    assert model.lm_head.dense.weight.shape == (fused, fused)
     # decoder tied to the shared embedding (one tensor), plus an output bias initialised to zero
-    assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert model.lm_head.bias.shape == (VOCAB,) and torch.count_nonzero(model.lm_head.bias) == 0
+    assert model.lm_head.decoder.weight is model.model.embed_tokens.weight
+    assert model.lm_head.decoder.bias.shape == (VOCAB,) and torch.count_nonzero(model.lm_head.decoder.bias) == 0
     # one untied probe per tower reading one tower's slice
     assert model.probes.dense.weight.shape == (3, HIDDEN, HIDDEN)
     assert model.probes.decoder.weight.shape == (3, HIDDEN, VOCAB)
@@ -141,8 +141,8 @@ def test_embedding_size_narrows_the_embedding_and_the_tied_decoder(tmp_path):
     assert model.model.embed_tokens.weight.shape == (VOCAB, HIDDEN)
     assert model.model.embed_positions.weight.shape == (32, HIDDEN)
     assert model.model.tower_proj.weight.shape == (2, HIDDEN, HIDDEN)
-    assert model.fusion_dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # nn.Linear: [out, in]
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # nn.Linear: [out, in]
+    assert model.lm_head.decoder.weight is model.model.embed_tokens.weight
 
     # The head, independently: LayerNorm(concat) -> Linear + GELU -> LayerNorm -> embedding^T + output bias.
     input_ids = random_ids()
@@ -150,16 +150,16 @@ def test_embedding_size_narrows_the_embedding_and_the_tied_decoder(tmp_path):
     concat = torch.cat(list(output.tower_hidden_states), dim=-1)
     eps = model.config.layer_norm_eps
     fused = F.layer_norm(concat, (2 * HIDDEN,), model.model.fusion_norm.weight, model.model.fusion_norm.bias, eps)
-    fused = F.gelu(fused @ model.fusion_dense.weight.T + model.fusion_dense.bias)
-    fused = F.layer_norm(fused, (HIDDEN,), model.fusion_output_norm.weight, model.fusion_output_norm.bias, eps)
-    expected = fused @ model.model.embed_tokens.weight.T + model.lm_head.bias
+    fused = F.gelu(fused @ model.lm_head.dense.weight.T + model.lm_head.dense.bias)
+    fused = F.layer_norm(fused, (HIDDEN,), model.lm_head.norm.weight, model.lm_head.norm.bias, eps)
+    expected = fused @ model.model.embed_tokens.weight.T + model.lm_head.decoder.bias
     torch.testing.assert_close(output.logits, expected, rtol=1e-5, atol=1e-5)
 
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert loaded.config.embedding_size == HIDDEN
     assert torch.equal(loaded(input_ids).logits, output.logits)
-    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert loaded.lm_head.decoder.weight is loaded.model.embed_tokens.weight
 
 
 def _reference_tower(model, tower_idx, input_ids, params):
@@ -492,7 +492,7 @@ def test_save_and_load_reproduce_logits_exactly_through_auto_classes(layout, tmp
     assert type(loaded) is TwoTowerForCausalLM and not loaded.training
     assert torch.equal(loaded(input_ids).logits, model(input_ids).logits)
     assert torch.equal(loaded.probe_logprobs(input_ids), model.probe_logprobs(input_ids))
-    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert loaded.lm_head.decoder.weight is loaded.model.embed_tokens.weight
     assert type(AutoModel.from_pretrained(tmp_path)) is TwoTowerModel
 
 
@@ -562,7 +562,7 @@ def test_resize_token_embeddings_resizes_everything_sized_by_the_vocabulary(layo
     model.resize_token_embeddings(VOCAB + 29, pad_to_multiple_of=64)
     assert model.config.vocab_size == 128
     assert model.model.embed_tokens.weight.shape == (128, model.config.embedding_size)
-    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.bias.shape == (128,)
+    assert model.lm_head.decoder.weight is model.model.embed_tokens.weight and model.lm_head.decoder.bias.shape == (128,)
     assert model.probes.decoder.weight.shape == (2, HIDDEN, 128)
     torch.testing.assert_close(model(input_ids).logits[..., :VOCAB], logits)
     new_probe_logits = model.probes.logits(model.probe_features(input_ids))

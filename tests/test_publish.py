@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -307,6 +308,53 @@ def test_staged_repo_loads_from_a_hub_cache_offline_without_the_package(trained_
         torch.testing.assert_close(outputs[f"{name}.probe_logprobs"], probe_logprobs, rtol=0, atol=1e-6)
         torch.testing.assert_close(outputs[f"{name}.generated"], generated, rtol=0, atol=0)
     assert generated.shape == (1, input_ids.shape[1] + 8)
+
+
+STAGE_FROM_INSTALLED_WHEEL = """
+import sys
+from twotower.training.model_card import model_card_template
+from twotower.training.publish import stage_model_repo
+
+print(model_card_template())
+stage_model_repo(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], hardware=sys.argv[5])
+"""
+
+
+def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_run, staged_repo, tmp_path):
+    model_dir, report_dir = trained_run
+    # build from a copy of the sources: a build leaves build/ and egg-info folders where it runs
+    repository = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "README.md", "model_card.md"):
+        shutil.copy2(repository / name, source / name)
+    for name in ("modeling_twotower", "training", "evaluation"):
+        shutil.copytree(repository / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheel").glob("twotower-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("twotower/training/model_card.md") == (repository / "model_card.md").read_bytes()
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True, timeout=300
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    # only the wheel's files on the path of the package, run from a folder outside the repository
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "PYTHONPATH"))}
+    env.update(PYTHONPATH=str(site), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    output_dir = tmp_path / "staged"
+    arguments = [str(model_dir), str(output_dir), REPO_ID, str(report_dir), "2 CPU cores"]  # as staged_repo
+    command = [sys.executable, "-c", STAGE_FROM_INSTALLED_WHEEL, *arguments]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == str(site / "twotower" / "training" / "model_card.md")
+    assert (output_dir / "README.md").read_text() == (staged_repo / "README.md").read_text()
 
 
 @pytest.fixture

@@ -73,8 +73,8 @@ def test_gpt_layout_is_two_gpt2_stacks_sharing_one_embedding_then_the_fusion_hea
     # model.py:746-747 shares model1's wte and wpe; no embedding norm, no per-tower projection
     assert towers.embed_tokens.weight.shape == (VOCAB, HIDDEN) and towers.embed_positions.weight.shape == (32, HIDDEN)
     assert not hasattr(towers, "embed_norm") and not hasattr(towers, "tower_proj")
-    assert model.fusion_dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # model.py:751, Linear(2h -> h)
-    assert model.lm_head.weight is towers.embed_tokens.weight
+    assert model.lm_head.dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # model.py:751, Linear(2h -> h)
+    assert model.lm_head.decoder.weight is towers.embed_tokens.weight
 
     # The reference's modules: GPT2 stacks of GPT-2's config (model.py:784-792), wte and wpe shared.
     gpt2_config = GPT2Config(
@@ -96,9 +96,9 @@ def test_gpt_layout_is_two_gpt2_stacks_sharing_one_embedding_then_the_fusion_hea
     eps = model.config.layer_norm_eps
     concat = torch.cat(list(expected), dim=-1)
     fused = F.layer_norm(concat, (2 * HIDDEN,), towers.fusion_norm.weight, towers.fusion_norm.bias, eps)
-    fused = F.gelu(F.linear(fused, model.fusion_dense.weight, model.fusion_dense.bias), approximate="tanh")
-    fused = F.layer_norm(fused, (HIDDEN,), model.fusion_output_norm.weight, model.fusion_output_norm.bias, eps)
-    logits = F.linear(fused, towers.embed_tokens.weight) + model.lm_head.bias
+    fused = F.gelu(F.linear(fused, model.lm_head.dense.weight, model.lm_head.dense.bias), approximate="tanh")
+    fused = F.layer_norm(fused, (HIDDEN,), model.lm_head.norm.weight, model.lm_head.norm.bias, eps)
+    logits = F.linear(fused, towers.embed_tokens.weight) + model.lm_head.decoder.bias
     torch.testing.assert_close(output.logits, logits, rtol=1e-5, atol=1e-5)
 
 
@@ -153,7 +153,7 @@ def test_elmo_layout_computes_the_reference_forward(pad_token_id):
     lstm = elmo.forward_lstms[0]  # model.py:515: LSTM(model_size, cells, num_layers), no projection
     assert (lstm.input_size, lstm.hidden_size, lstm.num_layers, lstm.proj_size) == (HIDDEN // 2, CELLS, LAYERS, 0)
     assert elmo.forward_out_proj[0].weight.shape == (HIDDEN // 2, CELLS)  # h2o_f1 (519)
-    assert model.fusion_dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # dense_act, Linear(4 m -> 2 m) (531)
+    assert model.lm_head.dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # dense_act, Linear(4 m -> 2 m) (531)
     # the probe reads its tower's 2 m = HIDDEN features and maps them to m (537-541)
     assert model.probes.dense.weight.shape == (2, HIDDEN, HIDDEN // 2)
     assert model.probes.decoder.weight.shape == (2, HIDDEN // 2, VOCAB)
@@ -163,9 +163,9 @@ def test_elmo_layout_computes_the_reference_forward(pad_token_id):
     torch.testing.assert_close(model.model(input_ids).last_hidden_state, features, rtol=1e-5, atol=1e-5)
     # model.py:650-654
     eps = model.config.layer_norm_eps
-    fused = F.gelu(F.linear(features, model.fusion_dense.weight, model.fusion_dense.bias))
-    fused = F.layer_norm(fused, (HIDDEN,), model.fusion_output_norm.weight, model.fusion_output_norm.bias, eps)
-    logits = F.linear(fused, model.model.embed_tokens.weight) + model.lm_head.bias
+    fused = F.gelu(F.linear(features, model.lm_head.dense.weight, model.lm_head.dense.bias))
+    fused = F.layer_norm(fused, (HIDDEN,), model.lm_head.norm.weight, model.lm_head.norm.bias, eps)
+    logits = F.linear(fused, model.model.embed_tokens.weight) + model.lm_head.decoder.bias
     torch.testing.assert_close(model(input_ids).logits, logits, rtol=1e-5, atol=1e-5)
 
 
@@ -345,15 +345,15 @@ def assert_transformer_blocks(towers, std=0.02):
 
 def assert_torch_default_head(model):
     """Fusion Linear and probes: nn.Linear's own U(+-1/sqrt(fan_in)); the tied decoder's output bias 0."""
-    fusion = model.fusion_dense
+    fusion = model.lm_head.dense
     assert_uniform(fusion.weight, torch_linear_bound(fusion.in_features))
     assert_uniform(fusion.bias, torch_linear_bound(fusion.in_features))
-    assert torch.count_nonzero(model.lm_head.bias) == 0
+    assert torch.count_nonzero(model.lm_head.decoder.bias) == 0
     for linear in (model.probes.dense, model.probes.decoder):
         assert_uniform(linear.weight, torch_linear_bound(linear.weight.shape[1]))
         assert_uniform(linear.bias, torch_linear_bound(linear.weight.shape[1]))
     assert_ones_and_zeros(model.model.fusion_norm)
-    assert_ones_and_zeros(model.fusion_output_norm)
+    assert_ones_and_zeros(model.lm_head.norm)
 
 
 def test_bert_reference_initialisation_is_deepspeeds_kernel_and_the_reference_model():
@@ -408,7 +408,7 @@ def test_normal_initialisation_is_n_0_002_for_every_weight_and_is_the_default():
         for projection in (layer.self_attn.o_proj, layer.mlp.up_proj, layer.mlp.down_proj):
             assert_normal(projection.weight, 0.02)
             assert torch.count_nonzero(projection.bias) == 0
-    for linear in (model.fusion_dense, model.probes.dense, model.probes.decoder):
+    for linear in (model.lm_head.dense, model.probes.dense, model.probes.decoder):
         assert_normal(linear.weight, 0.02)
         assert torch.count_nonzero(linear.bias) == 0
 

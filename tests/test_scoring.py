@@ -318,7 +318,7 @@ def no_scoring(monkeypatch):
     """Scoring must fail before the model runs over the data: running it fails the test."""
     def never(*args, **kwargs):
         raise AssertionError("the model ran over the data before the error")
-    monkeypatch.setattr(score, "stream_gold_logprobs", never)
+    monkeypatch.setattr(score, "score_blocks", never)
 
 
 def test_untrained_probes_are_refused_before_scoring(scored, tmp_path, no_scoring, capsys):

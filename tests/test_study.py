@@ -13,12 +13,13 @@ from torch.utils.data import DataLoader
 
 from twotower.evaluation import study as study_module
 from twotower.evaluation.report import eligible_preferences, load_report
-from twotower.evaluation.score import ScoringArguments, load_blocks, load_model
+from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
 from twotower.evaluation.study_report import correlation_p_value
 from twotower.evaluation.tower_preference.preference_stats import compare_preferences, compute_preference
 from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
+from twotower.training.loading import load_two_tower
 from twotower.training.tokenizer import load_tokenizer
 
 
@@ -105,7 +106,7 @@ def gold_logprobs_directly(model_dir, text_file, max_blocks=None):
     blocks = load_blocks(args, tokenizer)
     if max_blocks is not None:
         blocks = blocks.select(np.linspace(0, len(blocks) - 1, max_blocks).round().astype(int).tolist())
-    model = load_model(str(model_dir), torch.float32)
+    model = load_two_tower(str(model_dir), torch.float32)
     targets, gold = [], []
     with torch.no_grad():
         for batch in DataLoader(blocks.with_format("torch"), batch_size=5, collate_fn=collate_blocks):

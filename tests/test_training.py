@@ -262,7 +262,7 @@ def script_evaluations(monkeypatch, *evaluations: tuple[float, ...]):
         for index, probe_loss in enumerate(probe_losses):
             metrics |= {f"probe_{index}_loss": probe_loss, f"probe_{index}_perplexity": math.exp(probe_loss)}
         scripted.append(metrics)
-    for name in ("evaluate", "evaluate_cached"):  # the pretrain phase's and the probe phase's
+    for name in ("evaluate_blocks", "evaluate_cached"):  # the pretrain phase's and the probe phase's
         monkeypatch.setattr(f"twotower.training.train.{name}", lambda *args, **kwargs: scripted.pop(0))
 
 
@@ -375,8 +375,8 @@ def test_flops_per_token_counts_every_matmul_weight(architecture):
             if name.startswith(prefixes) and "weight" in name and "embed" not in name and "norm" not in name
         )
 
-    tied_decoder = model.lm_head.weight.numel() if config.cooperative else 0
-    trained = matmul_weights(("model.", "fusion_", "tower_lm_heads.")) + tied_decoder
+    tied_decoder = model.lm_head.decoder.weight.numel() if config.cooperative else 0
+    trained = matmul_weights(("model.", "lm_head.")) + tied_decoder
     attention = 0 if config.tower_type == "lstm" else 2 * 2 * 64 * block_size  # layers * towers * width * context
     assert flops_per_token(config, block_size, "pretrain") == 6 * trained + 12 * attention
     # The probe phase caches the frozen towers' features once: a step trains only the probes, every replica.

@@ -161,7 +161,7 @@ def test_causal_lstm_reads_only_the_past_and_generates(lstm_hidden_size, proj_si
 @pytest.mark.parametrize("model_class", [TwoTowerForCausalLM, TwoTowerForMaskedLM])
 def test_control_towers_share_nothing_after_the_embedding(model_class, layout):
     model = build(model_class, cooperative=False, layout=layout)
-    assert not hasattr(model, "lm_head") and not model.config.tie_word_embeddings
+    assert model.get_output_embeddings() is None and not model.config.tie_word_embeddings  # nothing tied
     input_ids = random_ids()
     before = model.probe_features(input_ids)
     with torch.no_grad():
@@ -177,7 +177,7 @@ def test_control_loss_is_the_sum_of_each_towers_own_loss():
     labels = input_ids.clone()
     labels[0, 3] = -100
     output = model(input_ids, labels=labels)
-    tower_logits = model.tower_lm_heads.logits(model.probe_features(input_ids))[:, :, :-1]
+    tower_logits = model.lm_head.tower_logprobs(model.probe_features(input_ids))[:, :, :-1]
     tower_losses = [F.cross_entropy(logits.reshape(-1, VOCAB), labels[:, 1:].reshape(-1)) for logits in tower_logits]
     torch.testing.assert_close(output.loss, sum(tower_losses), rtol=1e-5, atol=1e-5)
     # logits are the towers' equal-weight mixture, a proper distribution
@@ -213,7 +213,7 @@ def test_one_pass_of_the_towers_gives_the_joint_logits_and_every_probes_logprobs
     input_ids = random_ids()
     labels = input_ids.masked_fill(torch.arange(SEQ) % 3 != 0, -100)  # a masked LM scores labelled positions
     features = model.probe_features(input_ids)
-    torch.testing.assert_close(model.logits_from_probe_features(features), model(input_ids).logits, rtol=0, atol=0)
+    torch.testing.assert_close(model.joint_logits(features), model(input_ids).logits, rtol=0, atol=0)
     torch.testing.assert_close(
         model.probe_logprobs(input_ids, labels=labels, features=features),
         model.probe_logprobs(input_ids, labels=labels),

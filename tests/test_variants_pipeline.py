@@ -287,6 +287,6 @@ def test_flops_per_token_counts_both_lstm_stacks_of_the_elmo_towers():
     # fusion head, tied decoder once as lm_head); embedding lookups are free.
     trained = sum(
         param.numel() for name, param in model.named_parameters()
-        if name.startswith(("model.", "fusion_")) and "weight" in name and "embed" not in name and "norm" not in name
-    ) + model.lm_head.weight.numel()  # fmt: skip
+        if name.startswith(("model.", "lm_head.")) and "weight" in name and "embed" not in name and "norm" not in name
+    ) + model.lm_head.decoder.weight.numel()  # fmt: skip
     assert flops_per_token(config, 128, "pretrain") == 6 * trained

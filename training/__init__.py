@@ -1,0 +1,1 @@
+"""How a two-tower model is trained (the joint phase, then the probes) and published as a Hub repository."""

@@ -50,15 +50,16 @@ MAX_SEED = 2**32 - 1  # numpy's seed range, which set_seed also seeds
 BYTE_LEVEL_ALPHABET = 256  # a trained BPE holds every byte, plus its special tokens
 # The allowed range of every bounded option: (test, requirement in words). A None value (where the field allows
 # it) means "unset" and is never tested; UNSET_MEANS says what unset does, for the error message.
-# The data and compute options that scoring shares with training (evaluation/score.py) take the same ranges.
-SHARED_OPTION_RANGES = {
+# The data options (DataArguments), which scoring shares with training (evaluation/score.py), take one range.
+DATA_OPTION_RANGES = {
     "validation_split_percentage": (lambda v: 0 <= v < 100, "in [0, 100)"),
     "block_size": (lambda v: v >= 1, ">= 1"),
     "preprocessing_num_workers": (lambda v: v >= 1, ">= 1"),
-    "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
 }
+DATA_UNSET_MEANS = {"preprocessing_num_workers": "tokenize in one process"}
 OPTION_RANGES = {
-    **SHARED_OPTION_RANGES,
+    **DATA_OPTION_RANGES,
+    "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
     "max_train_blocks": (lambda v: v >= 1, ">= 1"),
     "max_eval_blocks": (lambda v: v >= 1, ">= 1"),
     "mlm_probability": (lambda v: 0 < v < 1, "in (0, 1)"),
@@ -90,9 +91,9 @@ OPTION_RANGES = {
     "early_stopping_threshold": (lambda v: v >= 0, ">= 0"),
 }
 UNSET_MEANS = {
+    **DATA_UNSET_MEANS,
     "max_train_blocks": "use every training block",
     "max_eval_blocks": "use every validation block",
-    "preprocessing_num_workers": "tokenize in one process",
     "hidden_dropout": "keep the preset's",
     "attention_dropout": "keep the preset's",
     "max_train_steps": "train --num_train_epochs epochs",
@@ -106,25 +107,34 @@ UNSET_MEANS = {
 
 
 @dataclass
-class TwoTowerTrainingConfig:
-    # recipe
-    recipe: str | None = None  # a recipe name in training/recipes (tiny, base_probe, ...) or a YAML path
+class DataArguments:
+    """The data options of training and scoring: the same flags select the same blocks in both commands."""
 
-    # data
     dataset_name: str = "wikitext"  # Hub dataset, used when train_file is not set
     dataset_config_name: str | None = "wikitext-2-raw-v1"
     text_column_name: str = "text"  # column of the Hub dataset holding raw text
     train_file: str | None = None  # local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name
-    validation_file: str | None = None  # same forms; without it (or a validation split) train is split
+    validation_file: str | None = None  # same forms; without it (or a validation split) blocks of the training text
+    # are held out; scoring a validation_file alone scores that text
     validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with a fixed seed
-    block_size: int = 128  # tokens per training sequence (the paper's context length)
+    block_size: int = 128  # tokens per sequence (the paper's context length); at most max_position_embeddings
     block_format: str = "contiguous"  # contiguous: the running token stream cut every block_size tokens |
     # sentence_pairs: the reference code's blocks, [CLS] sentences [SEP] sentences [SEP] [PAD]... (whole sentences
     # from an anchor every block_size tokens; needs [CLS], [SEP] and [PAD], e.g. the bert-base-uncased WordPiece)
-    max_train_blocks: int | None = None  # use only the first N training blocks (quick runs); None = all
-    max_eval_blocks: int | None = None  # use only the first N validation blocks; None = all
     preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
     overwrite_cache: bool = False  # re-tokenize instead of reusing the datasets cache
+
+
+@dataclass
+class TwoTowerTrainingConfig(DataArguments):
+    # data: DataArguments' fields (first in a saved training_config.yaml, which every reader loads as a dict)
+
+    # recipe
+    recipe: str | None = None  # a recipe name in training/recipes (tiny, base_probe, ...) or a YAML path
+
+    # data (training only)
+    max_train_blocks: int | None = None  # use only the first N training blocks (quick runs); None = all
+    max_eval_blocks: int | None = None  # use only the first N validation blocks; None = all
 
     # tokenizer
     tokenizer_name_or_path: str | None = None  # Hub name, saved tokenizer, or a folder with bert vocab.txt or
@@ -339,9 +349,8 @@ def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR) -> Path:
     return path
 
 
-def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: Path = RECIPES_DIR) -> dict:
-    """The options a recipe sets, checked against the fields of `config_class`."""
-    path = resolve_recipe_path(recipe, recipes_dir)
+def _recipe_file_values(path: Path, fields: list[str], config_name: str) -> dict:
+    """The options one recipe file sets, as written (its `extends` not yet followed), checked against `fields`."""
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as error:
@@ -349,14 +358,41 @@ def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: P
     if not isinstance(values, dict):
         raise TwoTowerUserError(f"Recipe {path} holds a {type(values).__name__}; write one `option: value` per line.")
     values = {name: value for name, value in values.items() if name not in RUN_RECORDS}
-    fields = [field.name for field in dataclasses.fields(config_class)]
-    unknown = sorted(set(values) - set(fields))
+    unknown = sorted(set(values) - {*fields, "extends"})
     if unknown:
         raise TwoTowerUserError(
-            f"Recipe {path} sets unknown options {unknown}{_closest(unknown[0], fields)}; see "
-            f"{config_class.__name__} for the names."
+            f"Recipe {path} sets unknown options {unknown}{_closest(unknown[0], fields)}; see {config_name} for the "
+            f"names."
         )
     return values
+
+
+def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: Path = RECIPES_DIR) -> dict:
+    """
+    The options a recipe sets, checked against the fields of `config_class`. A recipe may start from another with
+    `extends: PARENT` (a recipe name of recipes_dir, or a YAML path beside it): the parent's options, resolved the
+    same way, overridden by the recipe's own.
+    """
+    return _read_extended_recipe(recipe, config_class, recipes_dir, chain=())
+
+
+def _read_extended_recipe(recipe: str, config_class, recipes_dir: Path, chain: tuple[Path, ...]) -> dict:
+    """read_recipe, refusing a recipe already in `chain` (the recipes that extend it, outermost first)."""
+    path = resolve_recipe_path(recipe, recipes_dir)
+    if path.resolve() in chain:
+        cycle = " -> ".join(link.stem for link in (*chain, path.resolve()))
+        raise TwoTowerUserError(f"Recipes extend each other in a cycle ({cycle}); remove one of these `extends`.")
+    fields = [field.name for field in dataclasses.fields(config_class)]
+    values = _recipe_file_values(path, fields, config_class.__name__)
+    parent = values.pop("extends", None)
+    if parent is None:
+        return values
+    if not isinstance(parent, str) or not parent.strip():
+        raise TwoTowerUserError(f"Recipe {path} sets `extends: {parent!r}`; name one recipe (e.g. `extends: tiny`).")
+    if Path(parent).suffix in (".yaml", ".yml"):
+        parent = str(path.parent / parent)
+    inherited = _read_extended_recipe(parent, config_class, recipes_dir, (*chain, path.resolve()))
+    return {**inherited, **values}
 
 
 def check_types(options) -> None:

@@ -1,38 +1,17 @@
 """What each phase trains: `pretrain` a new joint model, `probe` the probes of a frozen pretrained model."""
 
-import json
-from pathlib import Path
-
 import torch
 from accelerate.utils import DistributedType
 from torch import nn
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower import TwoTowerConfig
 
 from .arguments import TwoTowerTrainingConfig
 from .errors import TwoTowerUserError
 from .linear_probes import make_lbfgs
+from .loading import MODEL_CLASSES, load_two_tower_config
 from .objectives import objective_of
 from .tokenizer import check_tokenizer_fits, padded_vocab_size
-
-MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}
-
-
-def load_pretrained_config(pretrained_model: str) -> TwoTowerConfig:
-    """The config of a pretrained two-tower model folder; a clear error for anything else."""
-    config_file = Path(pretrained_model) / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(
-            f"--pretrained_model {pretrained_model!r} has no config.json; pass the `model` folder that a pretrain "
-            f"run saved (OUTPUT_DIR/model)."
-        )
-    model_type = json.loads(config_file.read_text()).get("model_type")
-    if model_type != TwoTowerConfig.model_type:
-        raise ValueError(
-            f"--pretrained_model {pretrained_model!r} holds a {model_type!r} model, not a two-tower model "
-            f"(model_type {TwoTowerConfig.model_type!r}); the probe phase needs a model saved by the pretrain phase."
-        )
-    return TwoTowerConfig.from_pretrained(pretrained_model)
 
 
 def resolve_model_config(config: TwoTowerTrainingConfig) -> TwoTowerConfig:
@@ -41,7 +20,7 @@ def resolve_model_config(config: TwoTowerTrainingConfig) -> TwoTowerConfig:
     or the preset with overrides (pretrain; its vocabulary follows the tokenizer, see `build_model`).
     """
     if config.phase == "probe":
-        model_config = load_pretrained_config(config.pretrained_model)
+        model_config = load_two_tower_config(config.pretrained_model, "--pretrained_model", saved_by="pretrain")
     else:
         model_config = TwoTowerConfig.from_preset(config.model_preset, **config.model_overrides())
     if config.block_size > model_config.max_position_embeddings:

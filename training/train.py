@@ -29,80 +29,38 @@ Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first 
 
 import argparse
 import contextlib
-import math
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import ProjectConfiguration
 from tqdm.auto import tqdm
-from transformers import get_scheduler, set_seed
 
 from .arguments import TwoTowerTrainingConfig, load_config
-from .checkpointing import (
-    FINAL_MODEL_DIR,
-    is_finished,
-    load_checkpoint,
-    read_progress,
-    save_checkpoint,
-    save_final_model,
-)
+from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
 from .collective import on_main_process
-from .data import load_raw_datasets, make_dataloaders, split_blocks, tokenize_and_group
 from .early_stopping import EarlyStopping, monitored_loss
 from .folder_lock import locked_output_dir
 from .hub import check_hub_token, push_to_hub
-from .linear_probes import check_linear_probes_fit, lbfgs_step
-from .objectives import SeededMaskingCollator, make_collators, prediction_targets
+from .linear_probes import lbfgs_step
+from .objectives import SeededMaskingCollator, prediction_targets
 from .phases import (
-    build_model,
     clip_gradients,
     final_model_and_state_dict,
-    make_loss_function,
-    make_optimizer,
     probe_runs,
     resolve_model_config,
     resolve_objective,
-    trained_module,
     trained_state_dict,
 )
-from .probe_cache import (
-    CACHE_DIR,
-    batch_positions,
-    cache_both_splits,
-    process_counts,
-    replica_orders,
-    step_positions,
-)
-from .run_folder import RUNS_DIR, check_free_space, run_disk_bytes, start_or_resume
-from .throughput import flops_per_token, resolve_peak_flops, throughput_metrics
-from .tokenizer import build_tokenizer
-from .validation import evaluate, evaluate_cached, format_metrics
-
-
-def get_datasets(
-    config: TwoTowerTrainingConfig, accelerator: Accelerator, objective: str, tower_type: str, resume_checkpoint=None
-):
-    """Raw text -> tokenizer -> blocks of block_size tokens: (tokenizer, train and validation blocks, collators)."""
-    with accelerator.main_process_first():
-        raw_datasets = load_raw_datasets(
-            config.dataset_name, config.dataset_config_name, config.train_file, config.validation_file
-        )
-    tokenizer = build_tokenizer(config, raw_datasets["train"], accelerator, resume_checkpoint, objective == "masked")
-    collators = make_collators(objective, tower_type, tokenizer, config.mlm_probability, config.seed)
-    with accelerator.main_process_first():  # the main process tokenizes; the others read its cache
-        lm_datasets = tokenize_and_group(
-            raw_datasets, tokenizer, config.block_size, config.text_column_name,
-            config.preprocessing_num_workers, config.overwrite_cache, config.block_format,
-        )
-        lm_datasets = split_blocks(
-            lm_datasets, config.block_size, config.validation_split_percentage,
-            config.max_train_blocks, config.max_eval_blocks,
-        )
-    return tokenizer, lm_datasets, collators
+from .probe_cache import CACHE_DIR, replica_orders, step_positions
+from .run_folder import RUNS_DIR, start_or_resume
+from .run_setup import TrainingRun, prepare_run
+from .throughput import throughput_metrics
+from .validation import evaluate_blocks, evaluate_cached, format_metrics
 
 
 def accumulation_windows(batches, size: int):
@@ -145,6 +103,230 @@ def train_step(accelerator, trained, window, loss_function, optimizer, lr_schedu
     lr_scheduler.step()
     optimizer.zero_grad()
     return accelerator.reduce(step_loss, "sum").item(), grad_norm, num_items.item()
+
+
+def save_progress(run: TrainingRun, name: str, completed_steps: int, epoch: int, units_into_epoch: int) -> None:
+    """A resumable checkpoint `name`: the accelerator's state and where the loop is in the data."""
+    progress = dict(completed_steps=completed_steps, epoch=epoch, batches_into_epoch=units_into_epoch,
+                    steps_per_epoch=run.steps_per_epoch)
+    save_checkpoint(run.accelerator, name, progress, run.tokenizer, run.config, run.config.checkpoints_total_limit)
+
+
+def epoch_windows(run: TrainingRun, epoch: int, units_to_skip: int):
+    """The optimizer steps of `epoch` after the first `units_to_skip` (batches, or probe steps) already taken."""
+    if run.is_linear:
+        if not units_to_skip:  # an epoch is one step: the full batch
+            yield [run.caches["train"]]
+    elif run.is_probe:
+        orders = replica_orders(run.config.seed, epoch, run.config.probe_replicas, len(run.caches["train"]))
+        for step in range(units_to_skip, run.steps_per_epoch):
+            positions = step_positions(orders, step, run.steps_per_epoch, run.positions_per_step)
+            yield [run.caches["train"].replica_batch(positions)]
+    else:
+        train_dataloader = run.train_dataloader
+        train_dataloader.set_epoch(epoch)
+        if isinstance(train_dataloader.collate_fn, SeededMaskingCollator):
+            # new masks every epoch, a function of (seed, epoch, block)
+            train_dataloader.collate_fn.set_epoch(epoch)
+        batches = train_dataloader
+        if units_to_skip:  # resuming mid-epoch: the same order (seed, epoch) minus the batches already seen
+            batches = run.accelerator.skip_first_batches(train_dataloader, units_to_skip)
+        yield from accumulation_windows(batches, run.accelerator.gradient_accumulation_steps)
+
+
+def optimizer_step(run: TrainingRun, window) -> tuple[float, float | None, int]:
+    """One optimizer step: (loss, gradient norm, tokens or positions it trained on)."""
+    if run.is_linear:
+        return lbfgs_step(run.accelerator, run.trained, window[0], run.optimizer, run.lr_scheduler,
+                          run.config.probe_l2, run.eval_chunk)
+    loss, grad_norm, num_items = train_step(
+        run.accelerator, run.trained, window, run.loss_function, run.optimizer, run.lr_scheduler,
+        run.config.max_grad_norm, run.objective,
+    )
+    return loss, grad_norm, num_items if run.is_probe else len(window) * run.tokens_per_batch
+
+
+class TrainLog:
+    """The progress bar, and every logging_steps the train/ metrics: mean loss, lr, throughput, MFU, grad norm."""
+
+    def __init__(self, run: TrainingRun, completed_steps: int):
+        self.run = run
+        self.progress_bar = tqdm(
+            total=run.max_train_steps, initial=completed_steps,
+            disable=run.config.disable_tqdm or not run.accelerator.is_local_main_process,
+        )
+        self.losses, self.tokens, self.start = [], 0, time.perf_counter()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.losses.append(loss)
+        self.tokens += tokens
+        self.progress_bar.update(1)
+
+    def write(self, step: int, epoch: int, grad_norm) -> None:
+        """Log the interval since the last write, and start a new one."""
+        run = self.run
+        logs = {"loss": sum(self.losses) / len(self.losses), "lr": run.lr_scheduler.get_last_lr()[0], "epoch": epoch}
+        logs |= throughput_metrics(self.tokens, time.perf_counter() - self.start, run.train_flops_per_token,
+                                   run.peak_flops, run.accelerator.num_processes)
+        if grad_norm is not None:
+            logs["grad_norm"] = float(grad_norm)
+        run.accelerator.log({f"train/{name}": value for name, value in logs.items()}, step=step)
+        self.progress_bar.set_postfix(loss=f"{logs['loss']:.3f}", lr=f"{logs['lr']:.2e}",
+                                      tok_s=f"{logs['tokens_per_s']:.0f}", mfu=f"{logs['mfu']:.1%}")
+        self.losses, self.tokens, self.start = [], 0, time.perf_counter()
+
+    def close(self) -> None:
+        self.progress_bar.close()
+
+
+class Evaluator:
+    """
+    Evaluates the trained weights, logs the metrics and feeds early stopping, which keeps the best evaluation's
+    weights on CPU (its count restarts when a run resumes).
+    """
+
+    def __init__(self, run: TrainingRun):
+        self.run = run
+        self.early_stopping = None
+        if run.config.early_stopping_patience is not None:
+            self.early_stopping = EarlyStopping(run.config.early_stopping_patience, run.config.early_stopping_threshold)
+        self.frozen_joint_metrics = None  # the probe phase's joint model is frozen: evaluated once
+        self.last_step = self.last_metrics = None
+
+    def __call__(self, step: int) -> dict:
+        run, accelerator = self.run, self.run.accelerator
+        if run.is_probe:
+            metrics = evaluate_cached(accelerator, run.model, run.caches["validation"], run.eval_chunk,
+                                      run.config.probe_chunk_size, self.frozen_joint_metrics)
+            self.frozen_joint_metrics = {name: metrics[name] for name in ("loss", "perplexity")}
+        else:
+            metrics = evaluate_blocks(accelerator, run.trained, run.eval_dataloader)
+        accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=step)
+        accelerator.print(f"step {step}: validation {format_metrics(metrics)}")
+        if self.early_stopping is not None:
+            self.early_stopping.update(monitored_loss(metrics, run.config.phase), step, metrics,
+                                       lambda: trained_state_dict(accelerator, run.trained))
+        run.trained.train()
+        self.last_step, self.last_metrics = step, metrics
+        return metrics
+
+    @property
+    def should_stop(self) -> bool:
+        return self.early_stopping is not None and self.early_stopping.should_stop
+
+    @property
+    def best_step(self) -> int | None:
+        return self.early_stopping.best_step if self.early_stopping is not None else None
+
+
+@dataclass
+class LoopOutcome:
+    """How the loop ended."""
+
+    completed_steps: int
+    train_losses: list  # one per optimizer step of this run
+    grad_norm: float | None  # the last step's
+    stopped_early: bool
+    converged: bool  # linear probes: L-BFGS reached the gradient tolerance, or stopped making progress
+
+
+def train_loop(run: TrainingRun, evaluator: Evaluator) -> LoopOutcome:
+    """The optimizer steps, with logging, evaluation, checkpoints and the stopping rules."""
+    config = run.config
+    completed_steps, units_to_skip, train_losses, grad_norm = run.resumed_steps, run.units_to_skip, [], None
+    stopped_early = converged = False
+    epoch_checkpoints = not run.is_linear  # an L-BFGS epoch is one iteration: checkpoint every checkpointing_steps only
+    log = TrainLog(run, completed_steps)
+    run.trained.train()
+    for epoch in range(run.starting_epoch, run.num_epochs):
+        if completed_steps >= run.max_train_steps:  # resumed from the last step's checkpoint: only the model to save
+            break
+        units_into_epoch = units_to_skip
+        for window in epoch_windows(run, epoch, units_to_skip):
+            loss, grad_norm, tokens = optimizer_step(run, window)
+            if run.is_linear:  # at the tolerance L-BFGS did not move; a loss that did not fall is float32's floor
+                converged = grad_norm <= config.probe_tolerance or bool(train_losses) and loss >= train_losses[-1]
+            completed_steps += 1
+            units_into_epoch += len(window)
+            train_losses.append(loss)
+            log.add(loss, tokens)
+            if completed_steps % config.logging_steps == 0 or completed_steps == run.max_train_steps or converged:
+                log.write(completed_steps, epoch, grad_norm)
+            if config.eval_steps and completed_steps % config.eval_steps == 0:
+                evaluator(completed_steps)
+            end_of_epoch = units_into_epoch == run.units_per_epoch
+            if config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0 and not (
+                end_of_epoch and epoch_checkpoints
+            ):
+                save_progress(run, f"step_{completed_steps}", completed_steps, epoch, units_into_epoch)
+            if completed_steps >= run.max_train_steps or converged:
+                break
+            if evaluator.should_stop:
+                stopped_early = True
+                break
+        units_to_skip = 0
+        if units_into_epoch == run.units_per_epoch and epoch_checkpoints:
+            save_progress(run, f"epoch_{epoch}", completed_steps, epoch + 1, 0)
+        if completed_steps >= run.max_train_steps or stopped_early or converged:
+            break
+    log.close()
+    return LoopOutcome(completed_steps, train_losses, grad_norm, stopped_early, converged)
+
+
+def report_lbfgs(run: TrainingRun, outcome: LoopOutcome) -> None:
+    """How L-BFGS ended: at the tolerance, at float32's floor, or out of steps."""
+    tolerance, grad_norm = run.config.probe_tolerance, outcome.grad_norm
+    result = "converged" if grad_norm <= tolerance else "not converged; raise --max_train_steps"
+    if outcome.converged and grad_norm > tolerance:
+        result = "stopped: the objective no longer falls in float32"
+    run.accelerator.print(f"L-BFGS after {outcome.completed_steps} steps, largest gradient entry {grad_norm:.2e} "
+                          f"(tolerance {tolerance:g}): {result}")
+
+
+def kept_weights(run: TrainingRun, evaluator: Evaluator, outcome: LoopOutcome) -> tuple[dict, dict | None]:
+    """
+    (metrics, state dict) of the weights to save: the final ones (state None: the trained module's), evaluated
+    unless the last step was; with early stopping, the best evaluation's.
+    """
+    if evaluator.last_step != outcome.completed_steps:
+        evaluator(outcome.completed_steps)
+    early_stopping = evaluator.early_stopping
+    if early_stopping is None or early_stopping.best_step in (None, outcome.completed_steps):
+        return evaluator.last_metrics, None
+    reason = f"Step {outcome.completed_steps} is not the best evaluation"
+    if outcome.stopped_early:
+        reason = (f"Stopped early at step {outcome.completed_steps}: validation loss has not improved for "
+                  f"{early_stopping.patience} evaluations")
+    run.accelerator.print(f"{reason}; keeping the weights of step {early_stopping.best_step} "
+                          f"(loss {early_stopping.best_loss:.4f})")
+    return early_stopping.best_metrics, early_stopping.best_state
+
+
+def finish_run(run: TrainingRun, evaluator: Evaluator, outcome: LoopOutcome) -> dict:
+    """Evaluate, save the kept weights (Hub layout, atomically), push; returns training_function's result."""
+    config, accelerator = run.config, run.accelerator
+    if run.is_linear and outcome.train_losses:
+        report_lbfgs(run, outcome)
+    eval_metrics, best_state = kept_weights(run, evaluator, outcome)
+    final_model, state_dict = final_model_and_state_dict(accelerator, config, run.model, run.trained, best_state)
+    if run.is_probe:  # scoring refuses probes without this record (it travels in config.json)
+        kept_step = evaluator.best_step if best_state is not None else outcome.completed_steps
+        final_model.config.probe_training_steps = kept_step
+    run.tokenizer.model_max_length = final_model.config.max_position_embeddings  # the saved tokenizer's longest input
+    records = {"probe_runs": probe_runs(config, run.model.config.num_towers)} if run.is_probe else None
+    model_dir = save_final_model(accelerator, final_model, state_dict, run.tokenizer, config, records)
+    if run.is_probe and accelerator.is_main_process:  # a disk cache is this run's working copy (a resume rebuilds it)
+        shutil.rmtree(Path(config.output_dir) / CACHE_DIR, ignore_errors=True)
+    accelerator.end_training()
+    accelerator.print(f"Saved the {config.phase} model to {model_dir}")
+    if config.push_to_hub and accelerator.is_main_process:
+        url = push_to_hub(model_dir, config.hub_model_id, private=config.hub_private_repo)
+        accelerator.print(f"Pushed {model_dir} to {url}")
+    return {
+        "model_dir": str(model_dir), "train_losses": outcome.train_losses, "eval_metrics": eval_metrics,
+        "completed_steps": outcome.completed_steps, "best_step": evaluator.best_step,
+        "stopped_early": outcome.stopped_early,
+    }
 
 
 def finished_run(accelerator, config: TwoTowerTrainingConfig, checkpoint: Path) -> dict:
@@ -190,231 +372,10 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         resume_checkpoint = on_main_process(accelerator, lambda: start_or_resume(config, accelerator.num_processes))
         if resume_checkpoint is not None and is_finished(resume_checkpoint, config):
             return finished_run(accelerator, config, resume_checkpoint)
-        return train_phase(config, accelerator, model_config, objective, resume_checkpoint)
-
-
-def train_phase(config: TwoTowerTrainingConfig, accelerator, model_config, objective: str, resume_checkpoint) -> dict:
-    """training_function's work in its locked output folder: data, model, resume, train, evaluate, save, push."""
-    is_probe, is_linear = config.phase == "probe", config.phase == "probe" and config.probe_type == "linear"
-    if is_linear:
-        check_linear_probes_fit(accelerator)
-    set_seed(config.seed)  # before the model is built, so that the seed also controls the new weights
-
-    # Data, model, optimizer: the whole model trains in pretraining, only the probes in the probe phase
-    tokenizer, lm_datasets, collators = get_datasets(
-        config, accelerator, objective, model_config.tower_type, resume_checkpoint
-    )
-    model = build_model(config, model_config, tokenizer, objective)
-    trained = trained_module(config, model, accelerator.device)
-    optimizer = make_optimizer(config, trained)
-    checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, optimizer)
-    on_main_process(accelerator, lambda: check_free_space(
-        config.output_dir, checkpoint_bytes, model_bytes, config.checkpoints_total_limit
-    ))
-
-    # Steps per epoch. Pretraining steps over windows of blocks (accelerate shards the batches and steps the
-    # scheduler once per process, hence the factors; an accelerate config may set the accumulation steps: the
-    # accelerator's value is the one in force). The probe phase runs the frozen towers once and steps over the
-    # cached positions of this process's blocks: batches of positions (mlp), or the full batch (linear, L-BFGS).
-    accumulation_steps = accelerator.gradient_accumulation_steps
-    eval_chunk = config.per_device_eval_batch_size * config.block_size  # cached positions per chunk, as in a batch
-    if is_probe:
-        caches = cache_both_splits(accelerator, model, lm_datasets, collators, objective, config)
-        steps_per_epoch = 1  # linear: an L-BFGS iteration reads the full batch
-        if not is_linear:
-            positions_per_step = batch_positions(accelerator, caches["train"], config)
-            # every process takes the same number of steps; the last of an epoch takes what its share has left
-            steps_per_epoch = math.ceil(min(process_counts(accelerator, len(caches["train"]))) / positions_per_step)
-        units_per_epoch = steps_per_epoch
-    else:
-        train_dataloader, eval_dataloader = make_dataloaders(
-            lm_datasets, config.per_device_train_batch_size, config.per_device_eval_batch_size, *collators
-        )
-        units_per_epoch = math.ceil(len(train_dataloader) / accelerator.num_processes)  # batches of this process
-        steps_per_epoch = math.ceil(units_per_epoch / accumulation_steps)
-    max_train_steps = config.max_train_steps or config.num_train_epochs * steps_per_epoch
-    num_epochs = math.ceil(max_train_steps / steps_per_epoch)
-    lr_scheduler = get_scheduler(
-        "constant" if is_linear else config.lr_scheduler_type,  # L-BFGS sizes its steps by line search, at lr 1
-        optimizer=optimizer,
-        num_warmup_steps=config.num_warmup_steps * accelerator.num_processes,
-        num_training_steps=max_train_steps * accelerator.num_processes,
-    )
-
-    # Prepare everything (in the probe phase the frozen backbone stays outside, unwrapped)
-    if is_probe:
-        trained, optimizer, lr_scheduler = accelerator.prepare(trained, optimizer, lr_scheduler)
-    else:
-        trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
-            trained, optimizer, train_dataloader, eval_dataloader, lr_scheduler
-        )
-    loss_function = make_loss_function(config, trained)
-
-    # Trackers and throughput accounting
-    accelerator.init_trackers(config.phase, config=vars(config))
-    train_flops_per_token = flops_per_token(model.config, config.block_size, config.phase)
-    matmul_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
-    peak_flops, peak_source = resolve_peak_flops(accelerator.device, matmul_dtype, config.peak_tflops)
-    accelerator.print(f"MFU peak: {peak_flops / 1e12:.3g} TFLOP/s per device ({peak_source})")
-    tokens_per_batch = config.per_device_train_batch_size * config.block_size * accelerator.num_processes
-
-    # Resume: weights, optimizer, scheduler and RNG states, and the position in the data
-    completed_steps, starting_epoch, units_to_skip = 0, 0, 0
-    if resume_checkpoint is not None:
-        progress = load_checkpoint(accelerator, resume_checkpoint, steps_per_epoch)
-        completed_steps, starting_epoch = progress["completed_steps"], progress["epoch"]
-        units_to_skip = progress["batches_into_epoch"]
-        accelerator.print(f"Resumed from {resume_checkpoint} at step {completed_steps}")
-
-    def checkpoint(name: str, epoch: int, units_into_epoch: int):
-        progress = dict(completed_steps=completed_steps, epoch=epoch, batches_into_epoch=units_into_epoch,
-                        steps_per_epoch=steps_per_epoch)
-        save_checkpoint(accelerator, name, progress, tokenizer, config, config.checkpoints_total_limit)
-
-    def epoch_windows(epoch: int, units_to_skip: int):
-        """The optimizer steps of `epoch` after the first `units_to_skip` (batches, or probe steps) already taken."""
-        if is_linear:
-            if not units_to_skip:  # an epoch is one step: the full batch
-                yield [caches["train"]]
-        elif is_probe:
-            orders = replica_orders(config.seed, epoch, config.probe_replicas, len(caches["train"]))
-            for step in range(units_to_skip, steps_per_epoch):
-                yield [caches["train"].replica_batch(step_positions(orders, step, steps_per_epoch, positions_per_step))]
-        else:
-            train_dataloader.set_epoch(epoch)
-            if isinstance(train_dataloader.collate_fn, SeededMaskingCollator):
-                # new masks every epoch, a function of (seed, epoch, block)
-                train_dataloader.collate_fn.set_epoch(epoch)
-            batches = train_dataloader
-            if units_to_skip:  # resuming mid-epoch: the same order (seed, epoch) minus the batches already seen
-                batches = accelerator.skip_first_batches(train_dataloader, units_to_skip)
-            yield from accumulation_windows(batches, accumulation_steps)
-
-    def step(window) -> tuple[float, float | None, int]:
-        """One optimizer step: (loss, gradient norm, tokens or positions it trained on)."""
-        if is_linear:
-            return lbfgs_step(accelerator, trained, window[0], optimizer, lr_scheduler, config.probe_l2, eval_chunk)
-        loss, grad_norm, num_items = train_step(
-            accelerator, trained, window, loss_function, optimizer, lr_scheduler, config.max_grad_norm, objective
-        )
-        return loss, grad_norm, num_items if is_probe else len(window) * tokens_per_batch
-
-    # Early stopping keeps the best evaluation's weights on CPU; its count restarts when a run resumes
-    early_stopping = None
-    if config.early_stopping_patience is not None:
-        early_stopping = EarlyStopping(config.early_stopping_patience, config.early_stopping_threshold)
-
-    frozen_joint_metrics = None  # the probe phase's joint model is frozen: evaluated once
-
-    def run_evaluation() -> dict:
-        nonlocal frozen_joint_metrics
-        if is_probe:
-            metrics = evaluate_cached(
-                accelerator, model, caches["validation"], eval_chunk, config.probe_chunk_size, frozen_joint_metrics
-            )
-            frozen_joint_metrics = {name: metrics[name] for name in ("loss", "perplexity")}
-        else:
-            metrics = evaluate(accelerator, trained, eval_dataloader)
-        accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=completed_steps)
-        accelerator.print(f"step {completed_steps}: validation {format_metrics(metrics)}")
-        if early_stopping is not None:
-            early_stopping.update(monitored_loss(metrics, config.phase), completed_steps, metrics,
-                                  lambda: trained_state_dict(accelerator, trained))
-        trained.train()
-        return metrics
-
-    # Train
-    progress_bar = tqdm(
-        total=max_train_steps, initial=completed_steps,
-        disable=config.disable_tqdm or not accelerator.is_local_main_process,
-    )
-    train_losses, interval_losses, interval_tokens, eval_step, stopped_early = [], [], 0, None, False
-    converged = False  # linear probes: L-BFGS reached the gradient tolerance, or stopped making progress
-    epoch_checkpoints = not is_linear  # an L-BFGS epoch is one iteration: checkpoint every checkpointing_steps only
-    interval_start = time.perf_counter()
-    trained.train()
-    for epoch in range(starting_epoch, num_epochs):
-        if completed_steps >= max_train_steps:  # resumed from the last step's checkpoint: only the model to save
-            break
-        units_into_epoch = units_to_skip
-        for window in epoch_windows(epoch, units_to_skip):
-            loss, grad_norm, tokens = step(window)
-            if is_linear:  # at the tolerance L-BFGS did not move; a loss that did not fall is float32's floor
-                converged = grad_norm <= config.probe_tolerance or bool(train_losses) and loss >= train_losses[-1]
-            completed_steps += 1
-            units_into_epoch += len(window)
-            interval_tokens += tokens
-            train_losses.append(loss)
-            interval_losses.append(loss)
-            progress_bar.update(1)
-
-            if completed_steps % config.logging_steps == 0 or completed_steps == max_train_steps or converged:
-                logs = {"loss": sum(interval_losses) / len(interval_losses), "lr": lr_scheduler.get_last_lr()[0],
-                        "epoch": epoch}
-                logs |= throughput_metrics(interval_tokens, time.perf_counter() - interval_start,
-                                           train_flops_per_token, peak_flops, accelerator.num_processes)
-                if grad_norm is not None:
-                    logs["grad_norm"] = float(grad_norm)
-                accelerator.log({f"train/{name}": value for name, value in logs.items()}, step=completed_steps)
-                progress_bar.set_postfix(loss=f"{logs['loss']:.3f}", lr=f"{logs['lr']:.2e}",
-                                         tok_s=f"{logs['tokens_per_s']:.0f}", mfu=f"{logs['mfu']:.1%}")
-                interval_losses, interval_tokens, interval_start = [], 0, time.perf_counter()
-            if config.eval_steps and completed_steps % config.eval_steps == 0:
-                eval_metrics, eval_step = run_evaluation(), completed_steps
-            end_of_epoch = units_into_epoch == units_per_epoch
-            if config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0 and not (
-                end_of_epoch and epoch_checkpoints
-            ):
-                checkpoint(f"step_{completed_steps}", epoch, units_into_epoch)
-            if completed_steps >= max_train_steps or converged:
-                break
-            if early_stopping is not None and early_stopping.should_stop:
-                stopped_early = True
-                break
-        units_to_skip = 0
-        if units_into_epoch == units_per_epoch and epoch_checkpoints:
-            checkpoint(f"epoch_{epoch}", epoch + 1, 0)
-        if completed_steps >= max_train_steps or stopped_early or converged:
-            break
-    progress_bar.close()
-    if is_linear and train_losses:
-        outcome = "converged" if grad_norm <= config.probe_tolerance else "not converged; raise --max_train_steps"
-        if converged and grad_norm > config.probe_tolerance:
-            outcome = "stopped: the objective no longer falls in float32"
-        accelerator.print(f"L-BFGS after {completed_steps} steps, largest gradient entry {grad_norm:.2e} "
-                          f"(tolerance {config.probe_tolerance:g}): {outcome}")
-    # Evaluate the final weights (with early stopping: keep the best evaluation's), save them (Hub layout,
-    # atomically), push
-    if eval_step != completed_steps:
-        eval_metrics = run_evaluation()
-    best_state = None
-    if early_stopping is not None and early_stopping.best_step not in (None, completed_steps):
-        eval_metrics, best_state = early_stopping.best_metrics, early_stopping.best_state
-        reason = f"Step {completed_steps} is not the best evaluation"
-        if stopped_early:
-            reason = (f"Stopped early at step {completed_steps}: validation loss has not improved for "
-                      f"{early_stopping.patience} evaluations")
-        accelerator.print(f"{reason}; keeping the weights of step {early_stopping.best_step} "
-                          f"(loss {early_stopping.best_loss:.4f})")
-    final_model, state_dict = final_model_and_state_dict(accelerator, config, model, trained, best_state)
-    if is_probe:  # scoring refuses probes without this record (it travels in config.json)
-        kept_step = early_stopping.best_step if best_state is not None else completed_steps
-        final_model.config.probe_training_steps = kept_step
-    tokenizer.model_max_length = final_model.config.max_position_embeddings  # the saved tokenizer's longest input
-    records = {"probe_runs": probe_runs(config, model.config.num_towers)} if is_probe else None
-    model_dir = save_final_model(accelerator, final_model, state_dict, tokenizer, config, records)
-    if is_probe and accelerator.is_main_process:  # a disk cache is this run's working copy (a resumed run rebuilds it)
-        shutil.rmtree(Path(config.output_dir) / CACHE_DIR, ignore_errors=True)
-    accelerator.end_training()
-    accelerator.print(f"Saved the {config.phase} model to {model_dir}")
-    if config.push_to_hub and accelerator.is_main_process:
-        url = push_to_hub(model_dir, config.hub_model_id, private=config.hub_private_repo)
-        accelerator.print(f"Pushed {model_dir} to {url}")
-    return {
-        "model_dir": str(model_dir), "train_losses": train_losses, "eval_metrics": eval_metrics,
-        "completed_steps": completed_steps, "best_step": early_stopping.best_step if early_stopping else None,
-        "stopped_early": stopped_early,
-    }
+        run = prepare_run(config, accelerator, model_config, objective, resume_checkpoint)
+        evaluator = Evaluator(run)
+        outcome = train_loop(run, evaluator)
+        return finish_run(run, evaluator, outcome)
 
 
 def main(argv: list[str] | None = None) -> dict:

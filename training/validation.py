@@ -18,7 +18,7 @@ def loss_and_perplexity(name: str, nll_sum: float, tokens: float) -> dict:
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, eval_dataloader) -> dict:
+def evaluate_blocks(accelerator, model, eval_dataloader) -> dict:
     """
     {"loss", "perplexity"}: token-weighted mean loss of the model's objective (next token, or masked tokens) over
     the whole validation set (exact under sharding: per-sequence sums go through gather_for_metrics, which drops
@@ -62,7 +62,7 @@ def evaluate_cached(
         with accelerator.autocast():
             probe_sums -= model.probes.score_positions(features, targets, probe_chunk_size).sum(-1).double()
             if joint_metrics is None:
-                logits = model.logits_from_probe_features(features.unsqueeze(1))[0]  # [n, vocab]
+                logits = model.joint_logits(features.unsqueeze(1))[0]  # [n, vocab]
         if joint_metrics is None:
             joint_sum += F.cross_entropy(logits.float(), targets, reduction="sum").double()
     tokens = torch.tensor([len(cache)], dtype=torch.float64, device=accelerator.device)

@@ -1,3 +1,5 @@
+"""The Gradio app of the tower_preference Space: paste token ids and gold log-probabilities, read the metric."""
+
 import json
 from pathlib import Path
 

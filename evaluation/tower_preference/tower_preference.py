@@ -215,6 +215,7 @@ def _read_model_config(model_config) -> tuple[dict, dict | None, str | None]:
         folder = folder.parent if folder.name == "config.json" else folder
         if not (folder / "config.json").is_file():
             raise ValueError(f"model_config {str(model_config)!r} has no config.json; pass a model folder.")
+        # RESOLVED_CONFIG_NAME of twotower.training.arguments, written out: `evaluate.load` copies this folder alone
         training_config_file = folder / "training_config.yaml"
         training_config = yaml.safe_load(training_config_file.read_text()) if training_config_file.is_file() else None
         return json.loads((folder / "config.json").read_text()), training_config, str(folder)

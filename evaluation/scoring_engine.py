@@ -1,0 +1,131 @@
+"""
+The scoring engine: one pass of the towers per batch of blocks feeds the joint model's negative log-likelihood, the
+gold log-probabilities of any number of probe sets trained on that frozen model, and each set's preference
+accumulator.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
+
+from .tower_preference.preference_stats import PreferenceAccumulator, ReplicaPreferenceAccumulator
+
+
+DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
+
+
+def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable=None):
+    """
+    (inputs, labels) of each pass over a batch [batch, seq]; together the passes score every token exactly once.
+
+    causal: one pass, every next token (labels = input_ids, shifted inside the model). masked with transformer
+    towers: pass k replaces the positions p with p % mask_passes == k by the mask token (no 80/10/10: the score
+    of a token must not depend on a random draw) and labels them. ELMo-style LSTM towers: one unmasked pass.
+    `scorable` [batch, seq] (sentence-pair blocks): the positions that may be scored or masked; None for all.
+    """
+    if not needs_masking(objective, tower_type):
+        yield input_ids, input_ids if scorable is None else input_ids.masked_fill(~scorable, -100)
+        return
+    position = torch.arange(input_ids.shape[1], device=input_ids.device)
+    for index in range(mask_passes):
+        masked = (position % mask_passes == index).expand_as(input_ids)  # [batch, seq]
+        if scorable is not None:
+            masked = masked & scorable
+        yield input_ids.masked_fill(masked, mask_token_id), input_ids.masked_fill(~masked, -100)
+
+
+def preference_accumulator(config, pair_replicas=True):
+    """
+    The accumulator of a model's probes: with one probe per tower the occurrence-level statistics; with replicas
+    the replica-level ones, pairing replica r of every tower (trained on one data order) unless told not to.
+    """
+    if config.probe_replicas == 1:
+        return PreferenceAccumulator(num_towers=config.num_towers, vocab_size=config.vocab_size)
+    probe_towers = np.repeat(np.arange(config.num_towers), config.probe_replicas).tolist()
+    probe_runs = np.tile(np.arange(config.probe_replicas), config.num_towers).tolist() if pair_replicas else None
+    return ReplicaPreferenceAccumulator(probe_towers, probe_runs, vocab_size=config.vocab_size)
+
+
+@dataclass
+class BlockScores:
+    """What `score_blocks` summed: scored positions, the joint model's NLL, each probe set's NLL and accumulator."""
+
+    accumulators: list  # one per probe set, fed every scored position
+    probe_nll_sums: list  # one [probes] float64 array per probe set, tower-major as in `TwoTowerProbes`
+    joint_nll_sum: float = 0.0
+    num_targets: int = 0
+
+    @property
+    def joint_mean_nll(self) -> float:
+        return self.joint_nll_sum / self.num_targets
+
+    def probe_mean_nll(self, probe_set: int = 0) -> list[float]:
+        """Token-weighted mean NLL of every probe of one probe set, tower-major."""
+        return (self.probe_nll_sums[probe_set] / self.num_targets).tolist()
+
+
+def _joint_nll_sum(model, features, targets, scored, objective) -> float:
+    """The joint model's summed NLL at the scored positions only (a masking pass scores 1 in mask_passes)."""
+    scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+    logits = model.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
+    return F.cross_entropy(logits.float(), targets[scored], reduction="sum").item()
+
+
+def _gold_logprobs(probe_model, inputs, labels, features, scored, chunk_size) -> np.ndarray:
+    """One probe set's gold log-probabilities at the scored positions, [probes, n] float32, tower-major."""
+    gold = probe_model.probe_logprobs(inputs, labels=labels, chunk_size=chunk_size, features=features, all_replicas=True)
+    return gold.flatten(0, 1)[:, scored].cpu().numpy()
+
+
+def _batch_passes(batch, device, config, mask_passes, mask_token_id):
+    """(inputs, labels, attention_mask) of each scoring pass over one batch, on `device`."""
+    input_ids = batch["input_ids"].to(device)  # [batch, seq]
+    attention_mask, scorable = batch.get("attention_mask"), None  # sentence-pair blocks: padding, never scored
+    if attention_mask is not None:
+        attention_mask, scorable = attention_mask.to(device), batch["labels"].to(device) != -100
+    objective = objective_of(config)
+    for inputs, labels in scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id, scorable):
+        yield inputs, labels, attention_mask
+
+
+@torch.inference_mode()
+def score_blocks(
+    model,
+    dataloader,
+    probe_models=None,
+    accumulators=None,
+    probe_chunk_size=None,
+    mask_passes=DEFAULT_MASK_PASSES,
+    mask_token_id=None,
+    pair_replicas=True,
+    disable_tqdm=False,
+) -> BlockScores:
+    """
+    Run the towers of `model` once per scoring pass of every batch of blocks, and feed from that one pass the joint
+    model's NLL and, for each probe set (`probe_models`: models whose probes were trained on this frozen model;
+    default `[model]`), its gold log-probabilities into its NLL sums and its accumulator (`accumulators`, default
+    `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`).
+    """
+    probe_models = [model] if probe_models is None else list(probe_models)
+    if accumulators is None:
+        accumulators = [preference_accumulator(probe_model.config, pair_replicas) for probe_model in probe_models]
+    scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
+    device, objective = next(model.parameters()).device, objective_of(model.config)
+    for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
+        for inputs, labels, attention_mask in _batch_passes(batch, device, model.config, mask_passes, mask_token_id):
+            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
+            scored = targets != -100
+            features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
+            scores.joint_nll_sum += _joint_nll_sum(model, features, targets, scored, objective)
+            scored_targets = targets[scored].cpu().numpy()  # [n]
+            scores.num_targets += scored_targets.shape[0]
+            for probe_model, nll_sum, accumulator in zip(probe_models, scores.probe_nll_sums, accumulators):
+                gold = _gold_logprobs(probe_model, inputs, labels, features, scored, probe_chunk_size)
+                nll_sum -= gold.astype(np.float64).sum(axis=1)
+                accumulator.update(scored_targets, gold)
+    return scores

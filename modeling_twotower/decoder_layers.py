@@ -1,0 +1,122 @@
+"""The transformer layers of the towers: attention, MLP and the pre-LN block, every tower at one depth at once.
+
+Attention folds the towers into the head dimension, so one attention call (and one cache slot per depth) covers
+every tower's heads, and towers never exchange information.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBlockLinear
+from .configuration_twotower import TwoTowerConfig
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    # query [batch, towers * heads, q_len, head_dim]; key, value [batch, towers * heads, kv_len, head_dim]
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # an SDPA-style mask: True = attend
+        attn_weights = attn_weights.masked_fill(~attention_mask, torch.finfo(attn_weights.dtype).min)
+    elif attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class TwoTowerAttention(nn.Module):
+    """Causal self-attention of every tower at one depth, the towers folded into the head dimension."""
+
+    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_towers = config.num_towers
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = not config.bidirectional
+        self.q_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.k_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.v_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
+        self.o_proj = TwoTowerBlockLinear(
+            config.num_towers, config.hidden_size, config.hidden_size, writes_residual=True
+        )
+
+    def _to_heads(self, states: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> [batch, towers * heads, seq, head_dim], tower-major head order
+        num_towers, batch, seq, _ = states.shape
+        states = states.view(num_towers, batch, seq, -1, self.head_dim).permute(1, 0, 3, 2, 4)
+        return states.reshape(batch, -1, seq, self.head_dim)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
+        num_towers, batch, seq, hidden = hidden_states.shape
+        query = self._to_heads(self.q_proj(hidden_states))
+        key = self._to_heads(self.k_proj(hidden_states))
+        value = self._to_heads(self.v_proj(hidden_states))
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+
+        # Attention weights exist only on the eager path; interpretability users ask for them explicitly.
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.config.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        # [batch, seq, towers * heads, head_dim] -> [towers, batch, seq, hidden]
+        attn_output = attn_output.reshape(batch, seq, num_towers, hidden).permute(2, 0, 1, 3)
+        return self.o_proj(attn_output), attn_weights
+
+
+class TwoTowerMLP(nn.Module):
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.up_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.intermediate_size)
+        self.down_proj = TwoTowerBlockLinear(
+            config.num_towers, config.intermediate_size, config.hidden_size, writes_residual=True
+        )
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states):
+        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+
+
+class TwoTowerDecoderLayer(GradientCheckpointingLayer):
+    """Pre-LN transformer block at one depth of every tower; hidden states [towers, batch, seq, hidden]."""
+
+    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
+        self.self_attn = TwoTowerAttention(config, layer_idx)
+        self.post_attention_layernorm = TwoTowerBatchedLayerNorm(
+            config.num_towers, config.hidden_size, config.layer_norm_eps
+        )
+        self.mlp = TwoTowerMLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
+        # Self Attention
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, attn_weights = self.self_attn(hidden_states, attention_mask, cache, output_attentions)
+        hidden_states = residual + self.dropout(hidden_states)
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        hidden_states = residual + self.dropout(hidden_states)
+        return hidden_states, attn_weights
+
+
+__all__ = ["TwoTowerAttention", "TwoTowerDecoderLayer", "TwoTowerMLP", "eager_attention_forward"]

@@ -1,0 +1,137 @@
+"""
+The LM heads that turn the towers' normalized concatenation into next-token logits: the paper's fusion head, or
+the independent-towers control's per-tower heads. A model holds one of them as `lm_head`, chosen by
+`config.cooperative`; both are called the same way and return (logits, loss).
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
+from transformers.loss.loss_utils import fixed_cross_entropy
+
+from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, concat_towers, split_towers
+from .configuration_twotower import TwoTowerConfig
+
+
+def keep_positions(states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    # `logits_to_keep` of GenerationMixin along the sequence axis (-2): 0 keeps all, n the last n, a tensor indexes
+    if isinstance(logits_to_keep, torch.Tensor):
+        return states[..., logits_to_keep, :]
+    return states[..., -logits_to_keep:, :] if logits_to_keep > 0 else states
+
+
+class TwoTowerFusionHead(nn.Module):
+    """
+    The paper's head, which joins the towers: the normalized concatenation (the base model's `fusion_norm`) ->
+    Linear + activation -> LayerNorm -> decoder tied to the shared embedding, plus an output bias. The Linear
+    goes down to the embedding's width (the same width by default), which the tied decoder needs.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.dense = nn.Linear(config.fused_hidden_size, config.embedding_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.embedding_size, config.vocab_size, bias=True)  # bias: the output bias
+
+    def joint_logits(self, features: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> [batch, seq, vocab]
+        return self.decoder(self.norm(self.act_fn(self.dense(concat_towers(features)))))
+
+    def forward(
+        self,
+        fused_hidden_states: torch.Tensor,
+        target_ids: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Logits [batch, kept positions, vocab] from fused_hidden_states [batch, seq, towers * hidden], and with
+        `target_ids` (the label each position predicts, -100 for none) the token-mean cross-entropy, or its sum
+        divided by `num_items_in_batch`.
+        """
+        fused_hidden_states = keep_positions(fused_hidden_states, logits_to_keep)
+        logits = self.decoder(self.norm(self.act_fn(self.dense(fused_hidden_states))))
+        loss = None
+        if target_ids is not None:  # in float32, as transformers' own LM losses
+            loss = fixed_cross_entropy(
+                logits.float().view(-1, self.vocab_size), target_ids.reshape(-1), num_items_in_batch
+            )
+        return logits, loss
+
+
+class TwoTowerIndependentHeads(nn.Module):
+    """
+    The independent-towers control (`cooperative=False`): each tower has its own LM head (probe-shaped: Linear,
+    activation, LayerNorm, decoder; untied) and its own loss, the losses summed. The logits are the towers'
+    equal-weight mixture, as log-probabilities.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.num_towers = config.num_towers
+        self.dense = TwoTowerBatchedLinear(config.num_towers, config.hidden_size, config.probe_hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.norm = TwoTowerBatchedLayerNorm(config.num_towers, config.probe_hidden_size, config.layer_norm_eps)
+        self.decoder = TwoTowerBatchedLinear(config.num_towers, config.probe_hidden_size, config.vocab_size)
+
+    def tower_logprobs(self, features: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> each tower's own log-probabilities [towers, batch, seq, vocab]
+        return self.decoder(self.norm(self.act_fn(self.dense(features)))).float().log_softmax(-1)
+
+    def mixture(self, tower_logprobs: torch.Tensor) -> torch.Tensor:
+        # the towers' equal-weight mixture, as log-probabilities [batch, seq, vocab]
+        return torch.logsumexp(tower_logprobs, dim=0) - math.log(self.num_towers)
+
+    def joint_logits(self, features: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> [batch, seq, vocab]
+        return self.mixture(self.tower_logprobs(features))
+
+    def loss(self, tower_logprobs, target_ids, num_items_in_batch=None):
+        """Sum over towers of each tower's own token-mean cross-entropy."""
+        ignored = target_ids.eq(-100)
+        targets = target_ids.masked_fill(ignored, 0).expand(tower_logprobs.shape[0], -1, -1).unsqueeze(-1)
+        gold_logprobs = tower_logprobs.gather(-1, targets).squeeze(-1).masked_fill(ignored, 0.0)
+        num_items = num_items_in_batch if num_items_in_batch is not None else (~ignored).sum()
+        return -gold_logprobs.sum() / num_items
+
+    def forward(
+        self,
+        fused_hidden_states: torch.Tensor,
+        target_ids: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `TwoTowerFusionHead.forward`; the loss is the sum over towers of each tower's own loss."""
+        # One vocabulary projection serves the loss (every position) and the mixture logits (the kept ones).
+        if target_ids is None:
+            fused_hidden_states = keep_positions(fused_hidden_states, logits_to_keep)
+        tower_logprobs = self.tower_logprobs(split_towers(fused_hidden_states, self.num_towers))
+        loss = None
+        if target_ids is not None:
+            loss = self.loss(tower_logprobs, target_ids, num_items_in_batch)
+            tower_logprobs = keep_positions(tower_logprobs, logits_to_keep)
+        return self.mixture(tower_logprobs), loss
+
+
+# Checkpoints saved before the LM heads were modules of their own: the fusion head's layers and the tied decoder
+# sat on the LM model itself, and the control's per-tower heads were called tower_lm_heads.
+register_checkpoint_conversion_mapping(
+    TwoTowerConfig.model_type,
+    [
+        WeightRenaming("^fusion_dense", "lm_head.dense"),
+        WeightRenaming("^fusion_output_norm", "lm_head.norm"),
+        WeightRenaming("^lm_head.weight", "lm_head.decoder.weight"),
+        WeightRenaming("^lm_head.bias", "lm_head.decoder.bias"),
+        WeightRenaming("^tower_lm_heads", "lm_head"),
+    ],
+    overwrite=True,  # each trust_remote_code import of this module registers it again
+)
+
+
+__all__ = ["TwoTowerFusionHead", "TwoTowerIndependentHeads", "keep_positions"]

@@ -1,0 +1,124 @@
+"""Checks of what a user passes to the two-tower models: each wrong input raises one error that names the value and
+the fix, before any work (instead of an IndexError or a silent broadcast deep inside the towers)."""
+
+import torch
+from transformers.masking_utils import find_packed_sequence_indices
+
+from .configuration_twotower import TwoTowerConfig
+
+
+def check_inputs(
+    config: TwoTowerConfig,
+    input_ids,
+    inputs_embeds,
+    attention_mask,
+    position_ids,
+    past_seen_tokens: int,
+    use_cache: bool,
+    output_attentions: bool,
+):
+    """The inputs of TwoTowerModel.forward against the config."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
+    check_input_shape(input_ids, inputs_embeds)
+    if config.tower_type == "lstm" and (use_cache or output_attentions):
+        option = "use_cache" if use_cache else "output_attentions"
+        raise ValueError(
+            f"`{option}=True` does not apply to LSTM towers (no attention, no key/value cache); drop it."
+        )
+    if config.bidirectional and use_cache:
+        raise ValueError("`use_cache=True` needs causal towers; a bidirectional (masked) model has no cache.")
+    seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+    if position_ids is None and past_seen_tokens + seq_len > config.max_position_embeddings:
+        raise ValueError(
+            f"Sequence length {past_seen_tokens + seq_len} (cached {past_seen_tokens} + new {seq_len}) exceeds "
+            f"max_position_embeddings={config.max_position_embeddings}; truncate the input "
+            f"(e.g. tokenizer(..., truncation=True, max_length={config.max_position_embeddings}))."
+        )
+    # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
+    if position_ids is not None and not torch.compiler.is_compiling():
+        check_position_ids(position_ids, attention_mask, config)
+    # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
+    if input_ids is not None and not torch.compiler.is_compiling():
+        vocab_size = config.vocab_size
+        if bool(((input_ids < 0) | (input_ids >= vocab_size)).any()):
+            bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)][0].item()
+            raise ValueError(
+                f"Token id {bad} is outside [0, {vocab_size}); the tokenizer does not match this model "
+                f"(resize it with `model.resize_token_embeddings(len(tokenizer))`)."
+            )
+
+
+def check_input_shape(input_ids, inputs_embeds):
+    # one clear error before any work, instead of an IndexError or an empty reduction deep inside the towers
+    if input_ids is not None and input_ids.dim() != 2:
+        raise ValueError(
+            f"`input_ids` has shape {tuple(input_ids.shape)}; pass token ids of shape [batch, seq] (one sequence: "
+            f"`input_ids[None]`; more dimensions: `input_ids.view(-1, input_ids.shape[-1])`)."
+        )
+    if inputs_embeds is not None and inputs_embeds.dim() != 3:
+        raise ValueError(
+            f"`inputs_embeds` has shape {tuple(inputs_embeds.shape)}; pass embeddings of shape "
+            f"[batch, seq, embedding_size]."
+        )
+    inputs = input_ids if input_ids is not None else inputs_embeds
+    if inputs is not None and inputs.shape[0] * inputs.shape[1] == 0:
+        name = "input_ids" if input_ids is not None else "inputs_embeds"
+        raise ValueError(
+            f"`{name}` has shape {tuple(inputs.shape)}, no tokens; pass at least one sequence of at least one token."
+        )
+
+
+def check_position_ids(position_ids: torch.LongTensor, attention_mask, config: TwoTowerConfig):
+    # Packed rows restart their positions, so the largest position, not the row length, must fit the table.
+    largest = int(position_ids.max())
+    if largest >= config.max_position_embeddings:
+        raise ValueError(
+            f"`position_ids` reach {largest}, beyond max_position_embeddings={config.max_position_embeddings} "
+            f"(positions 0 to {config.max_position_embeddings - 1}); truncate each sequence to "
+            f"{config.max_position_embeddings} tokens."
+        )
+    packed = attention_mask is None and find_packed_sequence_indices(position_ids) is not None
+    if config.tower_type == "lstm" and packed:
+        raise ValueError(
+            "`position_ids` restart inside a row (packed sequences), which LSTM towers would read as one sequence; "
+            "pass one sequence per row, padded, with an `attention_mask`."
+        )
+
+
+def check_label_values(labels: torch.LongTensor, vocab_size: int):
+    # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
+    if torch.compiler.is_compiling():
+        return
+    bad = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
+    if bool(bad.any()):
+        raise ValueError(
+            f"`labels` holds {labels[bad][0].item()}, neither a token id in [0, {vocab_size}) nor -100 (ignored); "
+            f"pass this model's token ids, with -100 where nothing is predicted (a tokenizer larger than the model: "
+            f"`model.resize_token_embeddings(len(tokenizer))`)."
+        )
+
+
+def check_labels(config: TwoTowerConfig, input_ids, inputs_embeds, labels):
+    check_input_shape(input_ids, inputs_embeds)
+    if labels is None:
+        return
+    inputs = input_ids if input_ids is not None else inputs_embeds
+    if inputs is not None and labels.shape != inputs.shape[:2]:
+        raise ValueError(
+            f"`labels` has shape {tuple(labels.shape)} but the inputs have shape {tuple(inputs.shape[:2])}; "
+            f"pass labels aligned with input_ids."
+        )
+    check_label_values(labels, config.vocab_size)
+
+
+def check_probe_features(config: TwoTowerConfig, features, input_ids):
+    expected = (config.num_towers, *input_ids.shape, config.hidden_size)
+    if tuple(features.shape) != expected:
+        raise ValueError(
+            f"`features` has shape {tuple(features.shape)}, expected {expected}: pass "
+            f"`probe_features(input_ids)` of a model with this config, computed on these input_ids."
+        )
+
+
+__all__ = ["check_input_shape", "check_inputs", "check_labels", "check_position_ids", "check_probe_features"]

@@ -1,0 +1,94 @@
+"""The scoring engine: one pass of the towers serves the joint model and every probe set, and changes none of them."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from twotower.evaluation.scoring_engine import score_blocks, scoring_passes
+
+VOCAB, SEQ, BATCH, NUM_BATCHES = 99, 13, 5, 3
+MASK_TOKEN_ID, MASK_PASSES = 3, 7
+MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}
+
+
+class RecordingAccumulator:
+    """Keeps what the engine feeds an accumulator: token ids [n] and gold log-probs [probes, n] of every pass."""
+
+    def __init__(self):
+        self.token_ids, self.gold_logprobs = [], []
+
+    def update(self, token_ids, gold_logprobs):
+        self.token_ids.append(token_ids)
+        self.gold_logprobs.append(gold_logprobs)
+
+
+def tiny_model(objective, seed=0):
+    torch.manual_seed(seed)
+    config = TwoTowerConfig.from_preset(
+        "tiny", vocab_size=VOCAB, hidden_size=16, num_attention_heads=2, intermediate_size=37, num_hidden_layers=2,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    return MODEL_CLASSES[objective](config).eval()
+
+
+def batches():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, VOCAB, (NUM_BATCHES, BATCH, SEQ), generator=generator)  # no id is the mask token
+    return [{"input_ids": input_ids} for input_ids in ids]
+
+
+def probe_set_on(model, probe_replicas, seed):
+    """Another probe set on the same frozen model: the same towers, new probes."""
+    probe_model = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    probe_model.reset_probes(probe_replicas, "mlp")
+    return probe_model.eval()
+
+
+def recorded_scores(model, probe_models):
+    accumulators = [RecordingAccumulator() for _ in probe_models]
+    scores = score_blocks(
+        model, batches(), probe_models, accumulators, mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID,
+        disable_tqdm=True,
+    )  # fmt: skip
+    return scores, accumulators
+
+
+@pytest.mark.parametrize("objective", ["causal", "masked"])
+def test_two_probe_sets_in_one_pass_equal_each_scored_alone(objective):
+    model = tiny_model(objective)
+    replicas = probe_set_on(model, probe_replicas=3, seed=1)
+    together, fed_together = recorded_scores(model, [model, replicas])
+    for index, probe_model in enumerate([model, replicas]):
+        alone, (fed_alone,) = recorded_scores(probe_model, [probe_model])
+        np.testing.assert_array_equal(together.probe_nll_sums[index], alone.probe_nll_sums[0])
+        assert together.joint_nll_sum == alone.joint_nll_sum and together.num_targets == alone.num_targets
+        for got, expected in zip(fed_together[index].gold_logprobs, fed_alone.gold_logprobs, strict=True):
+            np.testing.assert_array_equal(got, expected)
+        for got, expected in zip(fed_together[index].token_ids, fed_alone.token_ids, strict=True):
+            np.testing.assert_array_equal(got, expected)
+    assert together.probe_nll_sums[1].shape == (model.config.num_towers * 3,)
+    # every replica of every tower, at each scored position of the pass
+    assert fed_together[1].gold_logprobs[0].shape == (model.config.num_towers * 3, len(fed_together[1].token_ids[0]))
+
+
+@pytest.mark.parametrize("objective", ["causal", "masked"])
+def test_joint_perplexity_is_the_models_own_forward_loss(objective):
+    model = tiny_model(objective)
+    scores = score_blocks(model, batches(), mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID, disable_tqdm=True)
+    nll_sum, num_targets = 0.0, 0
+    with torch.no_grad():
+        for batch in batches():
+            passes = scoring_passes(batch["input_ids"], objective, "transformer", MASK_PASSES, MASK_TOKEN_ID)
+            for inputs, labels in passes:
+                predicted = labels[:, 1:] if objective == "causal" else labels  # a causal LM predicts the next token
+                count = int((predicted != -100).sum())
+                nll_sum += model(input_ids=inputs, labels=labels).loss.item() * count
+                num_targets += count
+    expected_targets = NUM_BATCHES * BATCH * (SEQ - 1 if objective == "causal" else SEQ)
+    assert scores.num_targets == num_targets == expected_targets
+    assert scores.joint_mean_nll == pytest.approx(nll_sum / num_targets, rel=1e-6)
+    assert scores.joint_mean_nll == pytest.approx(np.log(VOCAB), rel=0.05)  # an untrained model: near uniform

@@ -1,0 +1,83 @@
+"""The LM heads as modules: the fusion head and the control's independent heads, and checkpoints saved before
+they were modules loading to the same numbers.
+
+tests/fixtures holds those checkpoints, saved by the code of that time: a causal model, an independent-towers control
+and a masked model with two probes per tower, each `torch.manual_seed(0)` then `TwoTowerConfig(vocab_size=64,
+hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=20, max_position_embeddings=16)` in
+eval mode, with its logits and probe log-probabilities on a fixed input (expected.safetensors).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.nn import functional as F
+
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower.heads import TwoTowerFusionHead, TwoTowerIndependentHeads
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OLD_CHECKPOINTS = [("causal", TwoTowerForCausalLM), ("control", TwoTowerForCausalLM), ("masked", TwoTowerForMaskedLM)]
+BATCH, SEQ, VOCAB = 3, 7, 61
+
+
+def tiny_model(model_class=TwoTowerForCausalLM, **kwargs):
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=VOCAB, hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37)
+    return model_class(TwoTowerConfig(**sizes, **kwargs)).eval()
+
+
+def outputs_on_the_fixed_input(model, expected):
+    with torch.no_grad():
+        logits = model(expected["input_ids"]).logits
+        if isinstance(model, TwoTowerForMaskedLM):
+            probe_logprobs = model.probe_logprobs(expected["input_ids"], labels=expected["labels"], all_replicas=True)
+        else:
+            probe_logprobs = model.probe_logprobs(expected["input_ids"])
+    return logits, probe_logprobs
+
+
+@pytest.mark.parametrize("name, model_class", OLD_CHECKPOINTS, ids=[name for name, _ in OLD_CHECKPOINTS])
+def test_checkpoints_from_before_the_head_modules_load_to_the_same_numbers(name, model_class, tmp_path):
+    model, info = model_class.from_pretrained(f"{FIXTURES}/{name}", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    expected = load_file(f"{FIXTURES}/{name}/expected.safetensors")
+    logits, probe_logprobs = outputs_on_the_fixed_input(model.eval(), expected)
+    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=0)
+    torch.testing.assert_close(probe_logprobs, expected["probe_logprobs"], rtol=0, atol=0)
+
+    # saved again, the checkpoint holds the current names and reloads to the same numbers
+    model.save_pretrained(tmp_path)
+    assert not any(key.startswith(("fusion_", "tower_lm_heads.")) for key in load_file(tmp_path / "model.safetensors"))
+    reloaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    logits, probe_logprobs = outputs_on_the_fixed_input(reloaded.eval(), expected)
+    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=0)
+    torch.testing.assert_close(probe_logprobs, expected["probe_logprobs"], rtol=0, atol=0)
+
+
+def test_the_config_chooses_the_head_once():
+    cooperative, control = tiny_model(), tiny_model(cooperative=False)
+    assert isinstance(cooperative.lm_head, TwoTowerFusionHead) and isinstance(control.lm_head, TwoTowerIndependentHeads)
+    assert cooperative.get_output_embeddings() is cooperative.lm_head.decoder
+    assert cooperative.lm_head.decoder.weight is cooperative.model.embed_tokens.weight
+    assert control.get_output_embeddings() is None
+    assert control.lm_head.decoder.weight.shape == (2, 12, VOCAB)  # [towers, hidden, vocab], untied
+
+
+@pytest.mark.parametrize("cooperative", [True, False], ids=["fusion", "independent"])
+def test_head_loss_is_the_token_mean_cross_entropy_or_the_sum_over_num_items(cooperative):
+    model = tiny_model(TwoTowerForMaskedLM, cooperative=cooperative)
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    labels = input_ids.masked_fill(torch.arange(SEQ) % 3 != 0, -100)
+    output = model(input_ids, labels=labels)
+    if cooperative:
+        expected = F.cross_entropy(output.logits.reshape(-1, VOCAB), labels.reshape(-1))
+    else:  # each tower's own loss, summed
+        tower_logprobs = model.lm_head.tower_logprobs(model.probe_features(input_ids))
+        expected = sum(F.nll_loss(logprobs.reshape(-1, VOCAB), labels.reshape(-1)) for logprobs in tower_logprobs)
+    torch.testing.assert_close(output.loss, expected, rtol=1e-6, atol=1e-6)
+    num_items = int((labels != -100).sum())
+    summed = model(input_ids, labels=labels, num_items_in_batch=2 * num_items).loss
+    torch.testing.assert_close(summed, output.loss / 2, rtol=1e-6, atol=1e-6)

@@ -1,0 +1,109 @@
+"""Check and read a saved model folder: its required files, safetensors weights, configs and parameter counts."""
+
+import json
+from pathlib import Path
+
+import yaml
+from safetensors import SafetensorError, safe_open
+
+from .arguments import RESOLVED_CONFIG_NAME
+from .errors import TwoTowerUserError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused: loading them runs code
+
+
+def read_yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def short_path(path: str) -> str:
+    """The last two parts of a data path: enough to name it, without the author's home folder."""
+    parts = [part for part in Path(path).parts if part not in (Path(path).anchor, "~")]
+    return "/".join(parts[-2:]) or "."
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The folder's safetensors files; pickled weights are refused."""
+    pickles = sorted(path.name for path in model_dir.iterdir() if path.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise TwoTowerUserError(
+            f"{model_dir} holds pickled files {pickles}; the Hub repository ships safetensors only. Re-save the "
+            f"model with save_pretrained (training does) and remove them."
+        )
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights:
+        raise FileNotFoundError(
+            f"{model_dir} has no *.safetensors weights; pass the `model` folder a training run saved."
+        )
+    return weights
+
+
+def check_model_folder(model_dir: Path) -> dict:
+    """The folder's config.json, after checking it holds everything a Hub repository of the model needs."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"--model_dir {str(model_dir)!r} has no config.json; pass the `model` folder a training run saved "
+            f"(OUTPUT_DIR/model)."
+        )
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if "auto_map" not in config:
+        raise TwoTowerUserError(
+            f"{config_file} has no `auto_map`, so the Hub could not load it as custom code; save the model after "
+            f"`import modeling_twotower` (training does)."
+        )
+    code_files = {reference.split(".")[0] + ".py" for reference in config["auto_map"].values()}
+    required = [*sorted(code_files), "tokenizer_config.json", RESOLVED_CONFIG_NAME]
+    missing = [name for name in required if not (model_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{model_dir} lacks {missing}; pass the `model` folder a training run saved.")
+    check_weight_files(safetensors_files(model_dir))
+    return config
+
+
+def check_weight_files(weight_files: list[Path]) -> None:
+    """Every safetensors file reads whole and holds only finite numbers; an error names the file (and tensor)."""
+    for path in weight_files:
+        try:
+            with safe_open(path, framework="pt") as weights:
+                for name in weights.keys():
+                    tensor = weights.get_tensor(name)
+                    if tensor.is_floating_point() and not tensor.isfinite().all():
+                        raise TwoTowerUserError(
+                            f"{path} holds non-finite weights (NaN or infinity) in `{name}`: the training run diverged "
+                            "or the file was damaged; use an earlier checkpoint, or train again (e.g. with a lower "
+                            "learning rate)."
+                        )
+        except SafetensorError as error:
+            raise TwoTowerUserError(
+                f"{path} is not a readable safetensors file ({error}): it is damaged or cut short; copy or download "
+                "it again, or save the model again."
+            ) from error
+
+
+def count_parameters(weight_files: list[Path]) -> tuple[int, int]:
+    """(joint model, probes) parameter counts, read from the safetensors headers (tied weights are stored once)."""
+    joint, probes = 0, 0
+    for path in weight_files:
+        with safe_open(path, framework="pt") as weights:
+            for name in weights.keys():
+                numel = 1
+                for size in weights.get_slice(name).get_shape():
+                    numel *= size
+                if name.startswith("probes."):
+                    probes += numel
+                else:
+                    joint += numel
+    return joint, probes
+
+
+def find_pretrain_config(training_config: dict) -> Path | None:
+    """The joint phase's resolved config: the pretrained model folder's, when the final phase trained probes."""
+    if training_config.get("phase") != "probe" or not training_config.get("pretrained_model"):
+        return None
+    path = Path(training_config["pretrained_model"]) / RESOLVED_CONFIG_NAME
+    return path if path.is_file() else None
