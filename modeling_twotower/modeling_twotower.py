@@ -402,14 +402,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         logits, loss = self.lm_head(
             outputs.last_hidden_state, target_ids, logits_to_keep, kwargs.get("num_items_in_batch")
         )
-        return TwoTowerCausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            tower_hidden_states=outputs.tower_hidden_states,
-        )
+        return lm_output(outputs, logits, loss)
 
     def probe_logprobs(
         self,
@@ -438,6 +431,18 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
             targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)[:, :, :-1]
         return self.probes.per_tower(self.probes(features, targets, chunk_size=chunk_size), all_replicas)
+
+
+def lm_output(outputs: TwoTowerModelOutputWithPast, logits, loss) -> TwoTowerCausalLMOutputWithPast:
+    """The LM classes' output: the head's logits and loss with what the base model returned."""
+    return TwoTowerCausalLMOutputWithPast(
+        loss=loss,
+        logits=logits,
+        cache=outputs.cache,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+        tower_hidden_states=outputs.tower_hidden_states,
+    )
 
 
 def _next_token_targets(labels: torch.LongTensor) -> torch.LongTensor:
@@ -486,14 +491,7 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             return_dict=True,
         )
         logits, loss = self.lm_head(outputs.last_hidden_state, labels, 0, kwargs.get("num_items_in_batch"))
-        return TwoTowerCausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            tower_hidden_states=outputs.tower_hidden_states,
-        )
+        return lm_output(outputs, logits, loss)
 
     def probe_logprobs(
         self,
