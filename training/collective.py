@@ -51,3 +51,14 @@ def on_main_process(accelerator, function):
         _let_workers_free_their_tensors(accelerator)
         result = shared[0]
     return result
+
+
+def end_processes(accelerator) -> None:
+    """
+    The end of a run: free what `prepare` wrapped, wait for every process, then destroy the process group (and end
+    the trackers). Freed after the group instead, the last DDP module would destroy the group itself, joining gloo's
+    worker threads while holding the GIL one of them may still need: a hang at exit, seen in ~1 of 10 2-process runs.
+    """
+    accelerator.free_memory()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()

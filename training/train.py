@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from .arguments import TwoTowerTrainingConfig, load_config
 from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
-from .collective import on_main_process
+from .collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping, monitored_loss
 from .folder_lock import locked_output_dir
 from .hub import check_hub_token, push_to_hub
@@ -317,7 +317,6 @@ def finish_run(run: TrainingRun, evaluator: Evaluator, outcome: LoopOutcome) -> 
     model_dir = save_final_model(accelerator, final_model, state_dict, run.tokenizer, config, records)
     if run.is_probe and accelerator.is_main_process:  # a disk cache is this run's working copy (a resume rebuilds it)
         shutil.rmtree(Path(config.output_dir) / CACHE_DIR, ignore_errors=True)
-    accelerator.end_training()
     accelerator.print(f"Saved the {config.phase} model to {model_dir}")
     if config.push_to_hub and accelerator.is_main_process:
         url = push_to_hub(model_dir, config.hub_model_id, private=config.hub_private_repo)
@@ -375,7 +374,11 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         run = prepare_run(config, accelerator, model_config, objective, resume_checkpoint)
         evaluator = Evaluator(run)
         outcome = train_loop(run, evaluator)
-        return finish_run(run, evaluator, outcome)
+        result = finish_run(run, evaluator, outcome)
+        # The prepared (DDP) module holds the process group: it goes first, while the group is still registered
+        del run, evaluator, outcome
+    end_processes(accelerator)
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
