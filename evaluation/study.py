@@ -14,41 +14,55 @@ The CPU grid, then the document:
         --report_dir docs/study
 
 Layout of OUTPUT_DIR/runs/RUN (RUN = FAMILY-tTOWERS-sSEED):
-    pretrain/       the training command's output (model/, checkpoints/, train_result.json)
-    probe/          the probe run: `probe_replicas` probes per tower, replica r of every tower on one data order
+    pretrain/       the training command's output (model/, checkpoints/ of every trajectory step, runs/ with
+                    eval_history.jsonl, train_result.json)
+    probe/          the probe run of the final model: `probe_replicas` probes per tower, replica r of every tower on
+                    one data order
     scores/TEXT/    the scoring command's report folder (preference.json, preference_per_token.csv, plots,
                     report.md), centered preferences with the replica-level test
+    trajectory/step-S/  the same at an earlier pretraining step S: model/ (the checkpoint's weights), probe/,
+                    scores/TEXT/ (the recipe's first text only)
     run.json        the run's summary (see `text_figures`); written last, it marks the run finished
+and OUTPUT_DIR/convergence/FAMILY-sSEED/pretrain: the convergence check of each cooperative family, one pretraining
+run `convergence_factor` times as long as the family's.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import re
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from safetensors.torch import load_file
 
 from twotower.training import cli
 from twotower.training.arguments import load_config, read_recipe, resolve_recipe_path
 from twotower.training.atomic import write_text_atomically
-from twotower.training.checkpointing import FINAL_MODEL_DIR
+from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
 from twotower.training.errors import TwoTowerUserError
-from twotower.training.loading import read_training_config
-from twotower.training.run_folder import continuation_options
+from twotower.training.loading import load_two_tower, read_training_config
+from twotower.training.run_folder import continuation_options, read_eval_history
+from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 
 from .report import PER_TOKEN_CSV, PREFERENCE_JSON
 from .score import ScoringArguments, score_model
-from .study_report import write_study_report
+from .study_report import STUDY_JSON, summary_lines, write_study_report
+from .study_verdicts import unigram_cross_entropy
 
 
 STUDY_RECIPES_DIR = Path(__file__).resolve().parent / "study_recipes"
 RUN_SUMMARY = "run.json"
+CONVERGENCE_DIR = "convergence"
+EPOCH_CHECKPOINTS_KEPT = 8  # room beside the trajectory's checkpoints for those of epoch ends
+QUIET = {"report_to": "none", "disable_tqdm": True}
 TRAIN_RESULT = "train_result.json"
 PHASE_RESULT_FIELDS = ("eval_metrics", "completed_steps", "best_step", "stopped_early")
 MIN_PROBE_REPLICAS = 2  # the replica-level test and the same-tower floor compare replicas of one tower
@@ -94,6 +108,11 @@ class StudyConfig:
     families: dict[str, ModelFamily]
     grid: list[dict]  # [{family, num_towers: [..], seeds: [..]}]
     pretrain: dict = field(default_factory=dict)  # training options over every family's pretrain recipe
+    # where probes train and the first text is scored, as fractions of each pretraining run (1.0, the end, scores
+    # every text): reliability against validation loss, and the comparison at matched probe perplexity
+    trajectory: list = field(default_factory=lambda: [1.0])
+    convergence_factor: int | None = None  # per cooperative family: one run this many times as long (seed of its
+    # first grid cell), whose validation loss the run's length must come within 2% of
     probe: dict = field(default_factory=dict)  # training options over every probe recipe; must set probe_replicas
     scoring: dict = field(default_factory=dict)  # ScoringArguments fields (batch_size, min_count, alpha, ...)
 
@@ -121,6 +140,13 @@ class StudyConfig:
                 f"{MIN_PROBE_REPLICAS} (e.g. `probe: {{probe_replicas: 4}}`): the replica-level test and the "
                 "same-tower noise floor compare probes of one tower."
             )
+        if not self.trajectory or self.trajectory[-1] != 1.0 or any(
+            not 0 <= a < b for a, b in zip([0.0, *self.trajectory], self.trajectory)
+        ):
+            raise TwoTowerUserError(
+                f"The study recipe's `trajectory` is {self.trajectory!r}; list increasing fractions of each "
+                "pretraining run in (0, 1], ending with 1.0 (the end of training), e.g. [0.25, 0.5, 1.0]."
+            )
         self._check_scoring_options()
 
     def _check_scoring_options(self):
@@ -137,12 +163,23 @@ class StudyConfig:
             )
 
     def runs(self) -> list["StudyRun"]:
-        return [
+        """The grid's runs, family by family: each cooperative family (grid order) with its controls, seed-major
+        (family s0, control s0, family s1, ...), so that a study stopped early holds whole families."""
+        runs = [
             StudyRun(cell["family"], num_towers, seed)
             for cell in self.grid
             for num_towers in cell.get("num_towers", [2])
             for seed in cell.get("seeds", [0])
         ]
+        return sorted(runs, key=lambda run: (self._lead_order(run.family), run.seed))
+
+    def lead_family(self, family: str) -> str:
+        """The cooperative family a family belongs to: itself, or the family it is the control of."""
+        return self.families[family].control_of or family
+
+    def _lead_order(self, family: str) -> int:
+        leads = list(dict.fromkeys(self.lead_family(cell["family"]) for cell in self.grid))
+        return leads.index(self.lead_family(family))
 
 
 @dataclass(frozen=True)
@@ -173,6 +210,14 @@ def data_path(data_dir: Path, relative: str) -> str:
     if not path.exists() and not any(path.parent.glob(path.name)):
         raise FileNotFoundError(f"{path} does not exist; check --data_dir ({data_dir}) and the study recipe's paths.")
     return str(path)
+
+
+def training_texts(study: StudyConfig, data_dir: Path) -> dict:
+    """The --train_file and --validation_file of every training phase of the study."""
+    return {
+        "train_file": data_path(data_dir, study.train_file),
+        "validation_file": data_path(data_dir, study.validation_file),
+    }
 
 
 def train_phase(recipe: str, output_dir: Path, options: dict) -> dict:
@@ -227,43 +272,136 @@ def text_figures(report: dict, seconds: float | None) -> dict:
     }
 
 
-def run_one(study: StudyConfig, run: StudyRun, data_dir: Path, run_dir: Path) -> dict:
-    """Pretrain, train the probe replicas, score every evaluation text; returns (and writes) the run's summary."""
+def trajectory_steps(fractions: list, max_train_steps: int) -> list[int]:
+    """The pretraining steps where probes train: each fraction of the run, rounded to a whole step."""
+    steps = sorted({max(1, round(fraction * max_train_steps)) for fraction in fractions})
+    if steps[-1] != max_train_steps:
+        raise TwoTowerUserError(f"The trajectory {fractions} does not end at the run's last step {max_train_steps}.")
+    return steps
+
+
+def pretrain_options(study: StudyConfig, run: StudyRun, data: dict, max_train_steps: int | None = None) -> dict:
+    """The training options of a run's pretraining: recipe, study, family, run; checkpoints at every trajectory step."""
     family = study.families[run.family]
-    data = {
-        "train_file": data_path(data_dir, study.train_file),
-        "validation_file": data_path(data_dir, study.validation_file),
-    }
-    quiet = {"report_to": "none", "disable_tqdm": True}
-    pretrain = train_phase(
-        family.pretrain_recipe,
-        run_dir / "pretrain",
-        {**study.pretrain, **family.overrides, **data, **quiet, "seed": run.seed, "num_towers": run.num_towers},
-    )
-    pretrained_model = str(run_dir / "pretrain" / FINAL_MODEL_DIR)
+    options = {**study.pretrain, **family.overrides, **data, **QUIET, "seed": run.seed, "num_towers": run.num_towers}
+    recipe_steps = load_config(family.pretrain_recipe).max_train_steps
+    options["max_train_steps"] = max_train_steps or options.get("max_train_steps", recipe_steps)
+    steps = trajectory_steps(study.trajectory, options["max_train_steps"])
+    options["checkpointing_steps"] = math.gcd(*steps)
+    # validation at every trajectory step too: the trajectory reads each step's validation loss
+    options["eval_steps"] = math.gcd(options.get("eval_steps") or steps[-1], options["checkpointing_steps"])
+    # every trajectory checkpoint stays, beside those of epoch ends (a few; the limit counts both)
+    options["checkpoints_total_limit"] = len(steps) + EPOCH_CHECKPOINTS_KEPT
+    return options
+
+
+def model_at_step(pretrain_dir: Path, step: int, out_dir: Path) -> Path:
+    """
+    A model folder with the weights pretraining had after `step`: the saved model for the last step, else the
+    step's checkpoint weights in a copy of the saved model's folder (config, tokenizer, training config).
+    """
+    final = pretrain_dir / FINAL_MODEL_DIR
+    if step == read_progress_steps(final):
+        return final
+    model_dir = out_dir / FINAL_MODEL_DIR
+    if (model_dir / "config.json").is_file():
+        return model_dir
+    checkpoint = checkpoints_root(pretrain_dir) / f"step_{step}"
+    if not (checkpoint / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{checkpoint} holds no weights: the pretraining run did not keep its checkpoint of step {step}; delete "
+            f"{pretrain_dir.parent} to rerun it."
+        )
+    model = load_two_tower(final, trained_probes=False)
+    missing, unexpected = model.load_state_dict(load_file(checkpoint / "model.safetensors"), strict=False)
+    tied = {**(model._tied_weights_keys or {})}  # target -> source: a checkpoint stores one of the two
+    if unexpected or set(missing) - set(tied) - set(tied.values()):
+        raise TwoTowerUserError(
+            f"{checkpoint}'s weights do not fit {final}: missing {missing}, unexpected {unexpected}."
+        )
+    model.tie_weights()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / f".{FINAL_MODEL_DIR}.partial"  # renamed into place when whole
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(final, partial, ignore=shutil.ignore_patterns("*.safetensors"))
+    model.save_pretrained(partial)
+    partial.replace(model_dir)
+    return model_dir
+
+
+def read_progress_steps(model_dir: Path) -> int:
+    """The optimizer steps a saved pretraining model took (its training config's max_train_steps)."""
+    return int(read_training_config(model_dir)["max_train_steps"])
+
+
+def probe_and_score(study, run, data, data_dir, model_dir: Path, out_dir: Path, texts: list[str]) -> dict:
+    """Train the probe replicas on a frozen model and score `texts`: the probe run's result and each text's figures."""
     probe = train_phase(
-        family.probe_recipe,
-        run_dir / "probe",
-        {**study.probe, **data, **quiet, "seed": run.seed, "pretrained_model": pretrained_model},
+        study.families[run.family].probe_recipe,
+        out_dir / "probe",
+        {**study.probe, **data, **QUIET, "seed": run.seed, "pretrained_model": str(model_dir)},
     )
     scores = {}
-    for name, text in study.eval_texts.items():
+    for name in texts:
+        text = study.eval_texts[name]
         report, seconds = score_text(
-            run_dir / "probe" / FINAL_MODEL_DIR,
-            run_dir / "scores" / name,
-            data_path(data_dir, text.file),
-            text.max_blocks,
-            study.scoring,
+            out_dir / "probe" / FINAL_MODEL_DIR, out_dir / "scores" / name, data_path(data_dir, text.file),
+            text.max_blocks, study.scoring,
         )
         scores[name] = text_figures(report, seconds)
+    return {"probe": probe, "scores": scores}
+
+
+def run_one(study: StudyConfig, run: StudyRun, data_dir: Path, run_dir: Path) -> dict:
+    """
+    Pretrain; at every trajectory step train the probe replicas and score (the first text; every text at the end);
+    returns (and writes) the run's summary.
+    """
+    family = study.families[run.family]
+    data = training_texts(study, data_dir)
+    options = pretrain_options(study, run, data)
+    pretrain = train_phase(family.pretrain_recipe, run_dir / "pretrain", options)
+    history = read_eval_history(run_dir / "pretrain")
+    trajectory = []
+    for step in trajectory_steps(study.trajectory, options["max_train_steps"]):
+        final = step == options["max_train_steps"]
+        out_dir = run_dir if final else run_dir / "trajectory" / f"step-{step}"
+        model_dir = model_at_step(run_dir / "pretrain", step, out_dir)
+        texts = list(study.eval_texts) if final else list(study.eval_texts)[:1]
+        point = probe_and_score(study, run, data, data_dir, model_dir, out_dir, texts)
+        evaluation = next((entry for entry in history if entry["step"] == step), None)
+        trajectory.append({"step": step, "pretrain_validation": evaluation, **point})
     summary = {
         "run": dataclasses.asdict(run) | {"name": run.name, "control_of": family.control_of},
-        "pretrain": pretrain,
-        "probe": probe,
-        "scores": scores,
+        "pretrain": pretrain | {"eval_history": history},
+        **trajectory[-1],  # the end of training: "probe" and "scores" of every text
+        "trajectory": trajectory,
     }
     write_text_atomically(run_dir / RUN_SUMMARY, json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary
+
+
+def convergence_runs(study: StudyConfig) -> list[StudyRun]:
+    """One run per cooperative family (the seed of its first grid cell) for the convergence check."""
+    if study.convergence_factor is None:
+        return []
+    first = {}
+    for run in study.runs():
+        if study.families[run.family].control_of is None:
+            first.setdefault(run.family, run)
+    return list(first.values())
+
+
+def run_convergence(study: StudyConfig, run: StudyRun, data_dir: Path, out_dir: Path) -> dict:
+    """Pretrain `convergence_factor` times as long as the family's runs; returns its evaluations (step, loss)."""
+    data = training_texts(study, data_dir)
+    length = pretrain_options(study, run, data)["max_train_steps"]
+    options = pretrain_options(study, run, data, study.convergence_factor * length)
+    options["checkpoints_total_limit"] = 1  # only to resume: no probe reads these weights
+    result = train_phase(study.families[run.family].pretrain_recipe, out_dir / "pretrain", options)
+    return {"family": run.family, "seed": run.seed, "length": length, "long_length": options["max_train_steps"],
+            "pretrain": result, "eval_history": read_eval_history(out_dir / "pretrain")}
 
 
 def load_run_summary(path: Path) -> dict:
@@ -287,14 +425,21 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
     if not selected:
         names = [run.name for run in study.runs()]
         raise TwoTowerUserError(f"--runs {runs_pattern!r} selects none of the grid's runs: {names}.")
+    checks = {run.family: run for run in convergence_runs(study)
+              if runs_pattern is None or re.search(runs_pattern, run.name)}
     if not aggregate_only:
         for index, run in enumerate(selected, 1):
             run_dir = output_dir / "runs" / run.name
             if (run_dir / RUN_SUMMARY).is_file():
                 print(f"[{index}/{len(selected)}] {run.name}: finished earlier, kept")
-                continue
-            print(f"[{index}/{len(selected)}] {run.name}: running in {run_dir}", flush=True)
-            run_one(study, run, data_dir, run_dir)
+            else:
+                print(f"[{index}/{len(selected)}] {run.name}: running in {run_dir}", flush=True)
+                run_one(study, run, data_dir, run_dir)
+            lead = study.lead_family(run.family)
+            if lead in checks and all(study.lead_family(later.family) != lead for later in selected[index:]):
+                check = checks.pop(lead)  # the family's runs are done: its convergence check follows
+                print(f"[convergence] {check.name}: {study.convergence_factor}x as long", flush=True)
+                run_convergence(study, check, data_dir, output_dir / CONVERGENCE_DIR / check.name)
     summaries = [
         load_run_summary(output_dir / "runs" / run.name / RUN_SUMMARY)
         for run in study.runs()
@@ -302,8 +447,17 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
     ]
     if not summaries:
         raise FileNotFoundError(f"No finished run in {output_dir / 'runs'}; run the study without --aggregate_only.")
+    convergence = [
+        {"family": run.family, "seed": run.seed, "eval_history": read_eval_history(folder / "pretrain"),
+         "max_train_steps": read_progress_steps(folder / "pretrain" / FINAL_MODEL_DIR)}
+        for run in convergence_runs(study)
+        if ((folder := output_dir / CONVERGENCE_DIR / run.name) / "pretrain" / TRAIN_RESULT).is_file()
+    ]
+    tokenizer = load_tokenizer(str(output_dir / "runs" / summaries[0]["run"]["name"] / "pretrain" / FINAL_MODEL_DIR))
+    unigram = unigram_cross_entropy(tokenizer, *training_texts(study, data_dir).values())
     return write_study_report(
-        summaries, output_dir / "runs", Path(report_dir) if report_dir else output_dir / "report", command, study
+        summaries, output_dir / "runs", Path(report_dir) if report_dir else output_dir / "report", command, study,
+        convergence, unigram,
     )
 
 
@@ -320,7 +474,8 @@ def main(argv=None):
     report_path = run_study(
         args.recipe, args.data_dir, args.output_dir, args.report_dir, args.runs, args.aggregate_only, command
     )
-    print(f"Wrote {report_path}")
+    verdicts = json.loads((Path(report_path).parent / STUDY_JSON).read_text())["verdicts"]
+    print(f"Wrote {report_path}; in short:", *summary_lines(verdicts), sep="\n")
     return report_path
 
 

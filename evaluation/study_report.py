@@ -1,19 +1,21 @@
 """
-The results document of a tower preference study: per-run tables of the replica-level figures against the
-same-tower noise floor, agreement across pretraining seeds, the independent-towers control, token categories, plots,
-and plain verdicts. This module computes the figures, tables and plots; the text is the Jinja template
-templates/study.md.j2.
+The results document of a tower preference study: the verdicts with their 95% intervals (study_verdicts), per-run
+tables of the replica-level figures against the same-tower noise floor, the training trajectory and the comparison
+at matched probe quality, the convergence check, token categories and each tower's most reliably preferred types,
+plots. This module gathers the figures, tables and plots; the text is the Jinja template templates/study.md.j2.
 
 Layout of the report folder:
-    STUDY.md                the document (commands, machine, tables, plots, verdicts)
-    study.json              every number of the tables
+    STUDY.md                the document (commands, machine, verdicts, tables, plots)
+    study.json              every number of the document; `verdicts.FAMILY` holds each family's verdict on the
+                            first evaluation text, `verdicts_by_text.TEXT.FAMILY` the same on every text
     noise_floor.png         per run and text: two-tower difference vs the same-tower floor, replica-level vs
                             occurrence-level significance, reliability with its 95% interval
-    cross_seed.png          matched correlation of per-type preferences between seeds, with its ceiling
-    categories_FAMILY-tN_TEXT.png  which token categories each tower prefers (first seed)
+    trajectory.png          per family: reliability against pretraining validation loss and probe perplexity, both
+                            arms, every seed, at every trajectory step
+    convergence.png         validation loss of each family's first run and of its convergence run, twice as long
+    categories_FAMILY.png   which token categories each tower prefers (first seed, first evaluation text)
 """
 
-import itertools
 import json
 import os
 import platform
@@ -23,16 +25,23 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib import pyplot as plt
-from scipy import stats
 
 from twotower.training.atomic import write_text_atomically
+from twotower.training.checkpointing import FINAL_MODEL_DIR
+from twotower.training.loading import load_two_tower_config
+from twotower.training.objectives import objective_of
 
-from .report import eligible_preferences, load_report, save_figure, template_environment
+from .report import eligible_preferences, load_report, save_figure, template_environment, tower_columns
+from .study_verdicts import (
+    CONVERGENCE_TOLERANCE, MASKED_MARGIN_NATS, NULL_PERMUTATIONS, convergence_check, difference_or_none,
+    family_verdict, load_run_types, matched_quality, trajectory_rows,
+)
 from .token_categories import categorize, category_preferences, plot_category_preferences
 from .tower_preference.preference_stats import compare_preferences
 
 
-RECURRENCE_ALPHA = 0.01  # every seed pair's correlation must be this significant for a split to "recur"
+TOP_TYPES = 20
+RECURRENCE_GROUPINGS = ("kind", "frequency", "case")  # the groupings whose recurrence the document tabulates
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
 STUDY_TEMPLATE = "study.md.j2"
@@ -44,10 +53,6 @@ def _fmt(value, digits=3):
 
 def _percent(share):
     return "n/a" if share is None or np.isnan(share) else f"{100 * share:.1f}%"
-
-
-def _difference(value, reference):
-    return None if value is None or reference is None else value - reference
 
 
 def score_dir(runs_dir, run_name, text):
@@ -83,7 +88,7 @@ def run_rows(summaries):
                     "occurrence_significant_share": scores["occurrence_significant_share"],
                     "two_tower_difference_nats": scores["two_tower_difference_nats"],
                     "same_tower_floor_nats": scores["same_tower_floor_nats"],
-                    "excess_difference_nats": _difference(
+                    "excess_difference_nats": difference_or_none(
                         scores["two_tower_difference_nats"], scores["same_tower_floor_nats"]
                     ),
                     "num_eligible_types": scores["num_eligible_types"],
@@ -102,63 +107,13 @@ def _probe_steps(probe):
 
 
 def run_minutes(summary):
-    """Wall-clock minutes of the whole run (pretraining, the probe run, scoring every text); None when a score
-    folder was reused from an interrupted run, whose scoring time is not known."""
-    phases = [summary["pretrain"], summary["probe"], *summary["scores"].values()]
+    """Wall-clock minutes of the whole run (pretraining, every probe run, scoring every text at every trajectory
+    step); None when a phase was reused from an interrupted run, whose time is not known."""
+    points = summary.get("trajectory") or [summary]
+    phases = [summary["pretrain"]]
+    phases += [phase for point in points for phase in (point["probe"], *point["scores"].values())]
     seconds = [phase["seconds"] for phase in phases]
     return None if None in seconds else sum(seconds) / 60
-
-
-def correlation_p_value(correlation, num_types):
-    """Two-sided p-value of a Pearson correlation over num_types pairs (t test with num_types - 2 degrees of freedom).
-
-    For two towers the matched correlation is |r|, whose p-value under no relation is exactly this one.
-    """
-    degrees = num_types - 2
-    t_statistic = abs(correlation) * np.sqrt(degrees / max(1e-300, 1 - correlation**2))
-    return float(2 * stats.t.sf(t_statistic, degrees))
-
-
-def correlation_ceiling(reliability_a, reliability_b):
-    """The correlation two runs' per-type preferences would show if their towers split the types identically:
-    probe noise independent between runs attenuates it to sqrt(reliability_a * reliability_b)."""
-    if reliability_a is None or reliability_b is None:
-        return None
-    return float(np.sqrt(max(reliability_a, 0.0) * max(reliability_b, 0.0)))
-
-
-def cross_seed_rows(rows, runs_dir):
-    """Per (family, towers, text): matched correlation of the replica-mean per-type preferences between seeds."""
-    groups = {}
-    for row in rows:
-        groups.setdefault((row["family"], row["num_towers"], row["text"]), []).append(row)
-    results = []
-    for (family, num_towers, text), group in groups.items():
-        if len(group) < 2:
-            continue
-        correlations, p_values, ceilings = [], [], []
-        for first, second in itertools.combinations(group, 2):
-            tables = [load_report(score_dir(runs_dir, row["run"], text))[1] for row in (first, second)]
-            (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, tables)
-            comparison = compare_preferences(ids_a, preference_a, ids_b, preference_b)
-            correlations.append(comparison["correlation"])
-            p_values.append(correlation_p_value(comparison["correlation"], comparison["num_shared_types"]))
-            ceilings.append(correlation_ceiling(first["reliability"], second["reliability"]))
-        results.append(
-            {
-                "family": family,
-                "num_towers": num_towers,
-                "text": text,
-                "num_seeds": len(group),
-                "correlation": float(np.mean(correlations)),
-                "correlations": correlations,
-                "p_values": p_values,
-                "ceiling": None if None in ceilings else float(np.mean(ceilings)),
-                "ceilings": ceilings,
-                "recurs": max(p_values) < RECURRENCE_ALPHA,
-            }
-        )
-    return results
 
 
 def category_rows(summaries, runs_dir, text):
@@ -214,65 +169,9 @@ def plot_noise_floor(frame, path):
     save_figure(figure, path)
 
 
-def plot_cross_seed(rows, path):
-    figure, axis = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
-    for index, row in enumerate(rows):
-        axis.scatter(row["correlations"], [index] * len(row["correlations"]), color="C0")
-        if row["ceiling"] is not None:
-            axis.scatter(row["ceilings"], [index] * len(row["ceilings"]), color="C1", marker="|", s=200)
-    axis.scatter([], [], color="C0", label="seed pair")
-    axis.scatter([], [], color="C1", marker="|", s=200, label="ceiling: identical splits seen through probe noise")
-    axis.set_yticks(range(len(rows)), [f"{r['family']} t{r['num_towers']} / {r['text']}" for r in rows], fontsize=8)
-    axis.axvline(0, color="gray", linewidth=0.8)
-    axis.set_xlabel("matched correlation of per-type preferences between two seeds")
-    axis.legend(fontsize=8)
-    axis.invert_yaxis()
-    figure.tight_layout()
-    save_figure(figure, path)
-
-
 def markdown_table(frame):
     """A DataFrame of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
     return frame.to_markdown(index=False, disable_numparse=True)
-
-
-def family_verdicts(frame, cross_rows):
-    """Per family, the figures its verdict states: averages over its run/text pairs, and its cross-seed rows."""
-    averaged = ["reliability", "reliability_single_probe", "significant_share", "occurrence_significant_share"]
-    averaged += ["two_tower_difference_nats", "same_tower_floor_nats"]
-    families = []
-    for family, group in frame.groupby("family", sort=False):
-        families.append(
-            {
-                "name": family,
-                "num_pairs": len(group),
-                "probe_replicas": int(group["probe_replicas"].max()),
-                "reliability_ci_low": group["reliability_ci_low"].min(),
-                "reliability_ci_high": group["reliability_ci_high"].max(),
-                **group[averaged].mean().to_dict(),
-                "num_above_floor": int((group["excess_difference_nats"] > 0).sum()),
-                "cross_seed": [row for row in cross_rows if row["family"] == family],
-            }
-        )
-    return families
-
-
-def cooperation_verdicts(frame, study):
-    """Per cooperative family with its independent-towers control in the runs: both families' averaged figures."""
-    means = frame.groupby("family")[["reliability", "significant_share", "excess_difference_nats"]].mean()
-    pairs = []
-    for name, family in study.families.items():
-        if family.control_of is None or not {name, family.control_of} <= set(means.index):
-            continue
-        pairs.append(
-            {
-                "family": family.control_of,
-                "control": name,
-                "family_means": means.loc[family.control_of].to_dict(),
-                "control_means": means.loc[name].to_dict(),
-            }
-        )
-    return pairs
 
 
 def _perplexities(per_tower, per_replica):
@@ -311,22 +210,6 @@ def runs_table(frame):
     )
 
 
-def cross_seed_table(cross_rows):
-    frame = pd.DataFrame(cross_rows)
-    return pd.DataFrame(
-        {
-            "family": frame["family"],
-            "towers": frame["num_towers"],
-            "text": frame["text"],
-            "seeds": frame["num_seeds"],
-            "matched r": frame["correlation"].map(_fmt),
-            "largest p": frame["p_values"].map(lambda p_values: f"{max(p_values):.2g}"),
-            "ceiling": frame["ceiling"].map(_fmt),
-            "recurs": frame["recurs"].map({True: "yes", False: "no"}),
-        }
-    )
-
-
 def _category_share(frame, category):
     """One seed's share of a category's types preferring the reference tower 0; `*` when the split differs."""
     match = frame[frame["category"] == category]
@@ -348,21 +231,118 @@ def category_table(per_seed):
     return pd.DataFrame(rows, columns=["grouping", "category", "types", *seeds])
 
 
-def category_sections(categories, report_dir):
-    """Per evaluation text and family: the category plot of the first seed (written here) and the table."""
-    sections = []
-    for text, by_family in categories.items():
-        families = []
-        for (family, num_towers), per_seed in by_family.items():
-            first_seed = next(iter(per_seed))
-            plot = f"categories_{family}-t{num_towers}_{text}.png"
-            title = f"{family}: {first_seed} on {text}"
-            plot_category_preferences(per_seed[first_seed]["kind"], report_dir / plot, title)
-            table = markdown_table(category_table(per_seed))
-            families.append({"name": family, "num_towers": num_towers, "plot": plot, "table": table})
-        has_part_of_speech = any("pos" in per_run for per_seed in by_family.values() for per_run in per_seed.values())
-        sections.append({"text": text, "has_part_of_speech": has_part_of_speech, "families": families})
-    return sections
+def category_sections(by_family, report_dir, text):
+    """Per family: the category plot of the first seed (written here) and the table of every seed's shares."""
+    families = []
+    for (family, num_towers), per_seed in by_family.items():
+        first_seed = next(iter(per_seed))
+        plot = f"categories_{family}.png"
+        plot_category_preferences(per_seed[first_seed]["kind"], report_dir / plot, f"{family}: {first_seed} on {text}")
+        families.append({"name": family, "num_towers": num_towers, "plot": plot,
+                         "table": markdown_table(category_table(per_seed))})
+    has_part_of_speech = any("pos" in per_run for per_seed in by_family.values() for per_run in per_seed.values())
+    return {"text": text, "has_part_of_speech": has_part_of_speech, "families": families}
+
+
+def _category_side(frame, category):
+    """(q-value of the category's split, the side: does it lean to the reference's tower 0?) in one seed."""
+    match = frame[frame["category"] == category]
+    if match.empty:
+        return None
+    tower = int(match["tower_of_reference_0"].iloc[0])
+    return float(match["q_value"].iloc[0]), bool(match[f"mean_preference_tower{tower}"].iloc[0] > 0)
+
+
+def category_recurrence(by_family, groupings=RECURRENCE_GROUPINGS):
+    """
+    Per category of `groupings`: in each family, the seeds whose towers split it differently from the overall split
+    (q < 0.05) and whether those seeds lean to the same (matched) tower; recurs across seeds when at least two
+    seeds do and agree, across families when it recurs in every family.
+    """
+    rows = {}
+    for (family, _), per_seed in by_family.items():
+        for grouping in groupings:
+            frames = [per_run[grouping] for per_run in per_seed.values() if grouping in per_run]
+            categories = {category for frame in frames for category in frame["category"]}
+            for category in categories:
+                sides = [_category_side(per_run[grouping], category) for per_run in per_seed.values()]
+                significant = [side for q, side in filter(None, sides) if q < 0.05]
+                row = rows.setdefault((grouping, category), {"grouping": grouping, "category": category})
+                row[family] = {"significant_seeds": len(significant), "seeds": len(sides),
+                               "same_side": len(set(significant)) <= 1,
+                               "recurs": len(significant) >= 2 and len(set(significant)) == 1}
+    families = [family for family, _ in by_family]
+    for row in rows.values():
+        row["recurs_in_every_family"] = all(row.get(family, {}).get("recurs", False) for family in families)
+    return sorted(rows.values(), key=lambda row: (row["grouping"], str(row["category"])))
+
+
+def recurrence_table(recurrence, families):
+    def cell(entry):
+        if entry is None:
+            return "n/a"
+        mark = " (recurs)" if entry["recurs"] else "" if entry["same_side"] else " (sides differ)"
+        return f"{entry['significant_seeds']}/{entry['seeds']}{mark}"
+
+    return pd.DataFrame(
+        [[row["grouping"], row["category"], *(cell(row.get(family)) for family in families),
+          "yes" if row["recurs_in_every_family"] else "no"] for row in recurrence],
+        columns=["grouping", "category", *families, "in every family"],
+    )
+
+
+def top_types(runs_dir, summaries, text, count=TOP_TYPES):
+    """Per family, its first seed's `count` most reliably preferred types of each tower (smallest replica-level
+    p-value, then largest preference) on `text`."""
+    first = {}
+    for summary in summaries:
+        first.setdefault(summary["run"]["family"], summary["run"]["name"])
+    result = {}
+    for family, name in first.items():
+        _, table = load_report(score_dir(runs_dir, name, text))
+        eligible = table[table["eligible"]].assign(strength=lambda frame: -frame["preference_nats_tower0"].abs())
+        result[family] = {"run": name, "towers": [
+            eligible[eligible["preferred_tower"] == tower].sort_values(["p_value", "strength"]).head(count)[
+                ["token", "preference_nats_tower0", "p_value", "count"]].to_dict("records")
+            for tower in range(tower_columns(table, "preference_nats").shape[0])
+        ]}
+    return result
+
+
+def plot_trajectory(trajectory, study, path):
+    """Per cooperative family: reliability against validation loss, both arms, every seed (a line per run)."""
+    frame = pd.DataFrame(trajectory)
+    families = [name for name, family in study.families.items()
+                if family.control_of is None and name in set(frame["family"])]
+    figure, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
+    for axis, family in zip(axes[0], families):
+        arms = [family] + [name for name, other in study.families.items() if other.control_of == family]
+        for color, arm in enumerate(arms):
+            for index, (_, run) in enumerate(frame[frame["family"] == arm].groupby("run")):
+                run = run.sort_values("step")
+                axis.plot(run["validation_loss"], run["reliability"], marker="o", color=f"C{color}",
+                          label=arm if index == 0 else None)
+        axis.set_title(family, fontsize=10)
+        axis.set_xlabel("pretraining validation loss (nats)")
+        axis.invert_xaxis()
+        axis.legend(fontsize=8)
+    axes[0][0].set_ylabel("reliability of the preference")
+    figure.tight_layout()
+    save_figure(figure, path)
+
+
+def plot_convergence(checks, path):
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for color, check in enumerate(checks):
+        for history, style, label in ((check["history"], "-", "run"), (check["long_history"], ":", "2x as long")):
+            axis.plot([entry["step"] for entry in history], [entry["loss"] for entry in history], style,
+                      color=f"C{color}", label=f"{check['family']} ({label})")
+    axis.set_xlabel("pretraining step")
+    axis.set_ylabel("validation loss (nats)")
+    axis.set_xscale("log")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    save_figure(figure, path)
 
 
 def machine_description():
@@ -382,50 +362,188 @@ def render_template(name, **context):
     return template_environment(fmt=_fmt, percent=_percent).get_template(name).render(**context)
 
 
-def study_json(command, rows, cross_rows, categories):
-    """Every number of the tables, as study.json stores them."""
-    return {
-        "command": command,
-        "runs": rows,
-        "cross_seed": cross_rows,
-        "categories": {
-            text: {
-                f"{family}-t{num_towers}": {
-                    run: {grouping: frame.to_dict("records") for grouping, frame in per_run.items()}
-                    for run, per_run in per_seed.items()
-                }
-                for (family, num_towers), per_seed in text_categories.items()
-            }
-            for text, text_categories in categories.items()
-        },
+def family_runs(summaries, runs_dir, text, family):
+    return [load_run_types(score_dir(runs_dir, summary["run"]["name"], text), summary["run"]["name"],
+                           summary["run"]["seed"])
+            for summary in summaries if summary["run"]["family"] == family and text in summary["scores"]]
+
+
+def text_verdicts(summaries, runs_dir, text, study):
+    """Per cooperative family with finished runs: its verdict on `text` against its control's runs."""
+    verdicts = {}
+    for name, family in study.families.items():
+        runs = family_runs(summaries, runs_dir, text, name)
+        if family.control_of is not None or not runs:
+            continue
+        control = next((other for other, spec in study.families.items() if spec.control_of == name), None)
+        control_runs = family_runs(summaries, runs_dir, text, control) if control else []
+        verdicts[name] = {"control": control, "replicas": study.probe["probe_replicas"],
+                          **family_verdict(runs, control_runs)}
+    return verdicts
+
+
+def family_quality(summaries, runs_dir, family, control, text, unigram_entropy):
+    """The family's (and its control's) model quality at the end of pretraining, averaged over seeds: joint
+    perplexity on `text`, validation loss; for masked transformers, that loss against the unigram cross-entropy."""
+    def mean_of(name, value):
+        values = [value(summary) for summary in summaries if summary["run"]["family"] == name]
+        return float(np.mean(values)) if values else None
+
+    loss = mean_of(family, lambda summary: summary["pretrain"]["eval_history"][-1]["loss"])
+    quality = {
+        "joint_perplexity": mean_of(family, lambda summary: summary["scores"][text]["perplexity"]["joint"]),
+        "control_joint_perplexity": mean_of(control, lambda summary: summary["scores"][text]["perplexity"]["joint"]),
+        "validation_loss_nats": loss,
+        "unigram_entropy_nats": unigram_entropy,
     }
+    first = next(summary for summary in summaries if summary["run"]["family"] == family)
+    config = load_two_tower_config(runs_dir / first["run"]["name"] / "pretrain" / FINAL_MODEL_DIR)
+    if objective_of(config) == "masked" and config.tower_type == "transformer":
+        quality["masked_loss_nats"] = loss
+        quality["masked_below_unigram_nats"] = None if unigram_entropy is None else unigram_entropy - loss
+        quality["meets_masked_criterion"] = None if unigram_entropy is None else bool(
+            unigram_entropy - loss >= MASKED_MARGIN_NATS
+        )
+    return quality
 
 
-def write_study_report(summaries, runs_dir, report_dir, command, study):
+def convergence_checks(summaries, convergence):
+    """Per convergence run: its family's run of the same seed against it (`convergence_check`), with both curves."""
+    checks = []
+    for long_run in convergence or []:
+        run = next((summary for summary in summaries if summary["run"]["family"] == long_run["family"]
+                    and summary["run"]["seed"] == long_run["seed"]), None)
+        if run is None or not long_run["eval_history"]:
+            continue
+        history = run["pretrain"]["eval_history"]
+        check = convergence_check(history, long_run["eval_history"], history[-1]["step"], long_run["max_train_steps"])
+        checks.append({"family": long_run["family"], "seed": long_run["seed"], **check, "history": history,
+                       "long_history": long_run["eval_history"]})
+    return checks
+
+
+def summary_lines(verdicts) -> list[str]:
+    """One Markdown line per family: its verdict with the figures behind it (the README quotes these lines)."""
+    def with_ci(value, ci):
+        return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+    lines = []
+    for family, verdict in verdicts.items():
+        seeds = len(verdict["seeds"])
+        line = f"- **{family}** ({seeds} seed{'s' if seeds != 1 else ''}): *{verdict['conclusion']}*; reliability "
+        line += with_ci(verdict["reliability"], verdict["reliability_ci"])
+        if verdict["control_reliability"] is not None:
+            line += f" vs {with_ci(verdict['control_reliability'], verdict['control_reliability_ci'])} for "
+            line += f"independent towers (difference {with_ci(verdict['difference'], verdict['difference_ci'])})"
+        over_floor = with_ci(verdict["preference_over_floor"], verdict["preference_over_floor_ci"])
+        line += f", over the same-tower floor by {over_floor} nats"
+        if verdict["cross_seed_r"] is not None:
+            line += (f", cross-seed r {with_ci(verdict['cross_seed_r'], verdict['cross_seed_r_ci'])} "
+                     f"(null {verdict['cross_seed_null_r']:.2f})")
+        lines.append(line + ".")
+    return lines
+
+
+def verdict_rows(verdicts):
+    """The verdicts as a table: one row per family, every figure with its interval."""
+    def with_ci(value, ci, digits=3):
+        return "n/a" if value is None else f"{_fmt(value, digits)} [{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
+
+    return pd.DataFrame([
+        {"family": family, "seeds": len(verdict["seeds"]), "joint ppl": _fmt(verdict["joint_perplexity"], 1),
+         "reliability": with_ci(verdict["reliability"], verdict["reliability_ci"]),
+         "control reliability": with_ci(verdict["control_reliability"], verdict["control_reliability_ci"]),
+         "difference": with_ci(verdict["difference"], verdict["difference_ci"]),
+         "over floor (nats)": with_ci(verdict["preference_over_floor"], verdict["preference_over_floor_ci"]),
+         "control over floor": with_ci(verdict["control_preference_over_floor"],
+                                       verdict["control_preference_over_floor_ci"]),
+         "cross-seed r": with_ci(verdict["cross_seed_r"], verdict["cross_seed_r_ci"]),
+         "null r (95th pct)": "n/a" if verdict["cross_seed_null_r"] is None else
+         f"{_fmt(verdict['cross_seed_null_r'])} ({_fmt(verdict['cross_seed_null_r_95'])})",
+         "verdict": verdict["conclusion"]}
+        for family, verdict in verdicts.items()
+    ])
+
+
+def write_study_report(summaries, runs_dir, report_dir, command, study, convergence=None, unigram_entropy=None):
     """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
     report_dir.mkdir(parents=True, exist_ok=True)
+    primary = next(iter(study.eval_texts))
     rows = run_rows(summaries)
     frame = pd.DataFrame(rows)
-    cross_rows = cross_seed_rows(rows, runs_dir)
-    categories = {text: category_rows(summaries, runs_dir, text) for text in study.eval_texts}
+    trajectory = trajectory_rows(summaries, primary)
+    verdicts_by_text = {text: text_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
+    for text, by_family in verdicts_by_text.items():
+        for family, verdict in by_family.items():
+            verdict |= family_quality(summaries, runs_dir, family, verdict["control"], text, unigram_entropy)
+    verdicts = verdicts_by_text[primary]
+    for family, verdict in verdicts.items():
+        verdict["matched_quality"] = matched_quality(trajectory, family, verdict["control"])
+    checks = convergence_checks(summaries, convergence)
+    categories = category_rows(summaries, runs_dir, primary)
+    recurrence = category_recurrence(categories)
+    family_names = [family for family, _ in categories]
     plot_noise_floor(frame, report_dir / "noise_floor.png")
-    if cross_rows:
-        plot_cross_seed(cross_rows, report_dir / "cross_seed.png")
+    plot_trajectory(trajectory, study, report_dir / "trajectory.png")
+    if checks:
+        plot_convergence(checks, report_dir / "convergence.png")
     minutes = frame["run_minutes"].dropna()
+    preferred = top_types(runs_dir, summaries, primary)
     document = render_template(
         STUDY_TEMPLATE,
         command=command,
         machine=machine_description(),
+        study=study,
+        primary_text=primary,
         num_replicas=study.probe["probe_replicas"],
-        recurrence_alpha=RECURRENCE_ALPHA,
-        families=family_verdicts(frame, cross_rows),
-        cooperation=cooperation_verdicts(frame, study),
+        verdicts=verdicts,
+        summary_lines=summary_lines(verdicts),
+        verdicts_table=markdown_table(verdict_rows(verdicts)),
+        other_texts={text: markdown_table(verdict_rows(by_family)) for text, by_family in verdicts_by_text.items()
+                     if text != primary and by_family},
+        checks=checks,
+        convergence_tolerance=CONVERGENCE_TOLERANCE,
+        null_permutations=NULL_PERMUTATIONS,
+        masked_margin=MASKED_MARGIN_NATS,
+        trajectory_table=markdown_table(trajectory_table(trajectory)),
         num_runs=len(summaries),
+        total_minutes=minutes.sum() if len(minutes) else None,
         longest_run_minutes=minutes.max() if len(minutes) else None,
         runs_table=markdown_table(runs_table(frame)),
-        cross_seed_table=markdown_table(cross_seed_table(cross_rows)) if cross_rows else None,
-        category_sections=category_sections(categories, report_dir),
+        categories=category_sections(categories, report_dir, primary),
+        recurrence_table=markdown_table(recurrence_table(recurrence, family_names)) if recurrence else None,
+        top_types=preferred,
     )
-    results = study_json(command, rows, cross_rows, categories)
+    results = {
+        "command": command,
+        "verdicts": _without_bootstrap_values(verdicts),
+        "verdicts_by_text": {text: _without_bootstrap_values(by_text) for text, by_text in verdicts_by_text.items()},
+        "convergence": [{key: value for key, value in check.items() if key not in ("history", "long_history")}
+                        for check in checks],
+        "trajectory": trajectory,
+        "runs": rows,
+        "categories": {f"{family}-t{num_towers}": {
+            run: {grouping: frame.to_dict("records") for grouping, frame in per_run.items()}
+            for run, per_run in per_seed.items()} for (family, num_towers), per_seed in categories.items()},
+        "category_recurrence": recurrence,
+        "top_types": preferred,
+    }
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(results, indent=2) + "\n")
     return write_text_atomically(report_dir / STUDY_MD, document)
+
+
+def _without_bootstrap_values(verdicts):
+    return {family: {key: value for key, value in verdict.items() if key != "values"}
+            for family, verdict in verdicts.items()}
+
+
+def trajectory_table(trajectory):
+    frame = pd.DataFrame(trajectory)
+    return pd.DataFrame({
+        "run": frame["run"], "step": frame["step"],
+        "validation loss": frame["validation_loss"].map(_fmt),
+        "probe ppl": frame["probe_perplexity"].map(lambda value: _fmt(value, 1)),
+        "joint ppl": frame["joint_perplexity"].map(lambda value: _fmt(value, 1)),
+        "reliability": frame["reliability"].map(_fmt),
+        "over floor (nats)": frame["preference_over_floor"].map(_fmt),
+    })

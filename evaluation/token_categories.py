@@ -1,11 +1,12 @@
 """Token categories for the tower preference study: which kinds of token types each tower prefers.
 
 A category is one label per row of a per-token table (see report.per_token_table): the piece's kind (word-initial,
-continuation, punctuation, digits, whitespace, special, byte fragment), its frequency band, and, when nltk's tagger
-data is installed, the universal part of speech of word-initial pieces. `category_preferences` counts, per category, the
-types preferring each tower and tests whether that split differs from the split over all eligible types.
+continuation, punctuation, digits, whitespace, special, byte fragment), its frequency band, its letter case and, when
+nltk's tagger data is installed, the universal part of speech of word-initial pieces. `category_preferences` counts,
+per category, the types preferring each tower and tests whether that split differs from the split over all eligible
+types.
 
-    labels = categorize(table)  # {"kind": [...], "frequency": [...], "pos": [...] if nltk's tagger is installed}
+    labels = categorize(table)  # {"kind", "frequency", "case": [...], "pos": [...] if nltk's tagger is installed}
     frame = category_preferences(table, labels["kind"])
     plot_category_preferences(frame, "kind_preferences.png", "token kinds")
 """
@@ -82,6 +83,19 @@ def token_kind(token: str, scheme: str, special_tokens=()) -> str:
     if "N" in classes:
         return "digits"
     return "byte fragment" if is_fragment else "punctuation"
+
+
+def letter_case(token: str, scheme: str) -> str:
+    """"capitalised" (first letter upper-case: "The", "NASA"), "lower-case" (first letter not upper-case: "the",
+    "iPhone") or "no letters" (punctuation, digits, whitespace, special tokens); a piece inside a word counts by its
+    own first letter."""
+    _check_scheme(scheme)
+    if SPECIAL_PATTERN.fullmatch(token):
+        return "no letters"
+    letters = [character for character in _piece_text(token, scheme)[0] if character.isalpha()]
+    if not letters:
+        return "no letters"
+    return "capitalised" if letters[0].isupper() else "lower-case"
 
 
 def detect_scheme(tokens) -> str:
@@ -232,14 +246,15 @@ def plot_category_preferences(frame, path, title):
 
 
 def categorize(table, scheme=None, special_tokens=()) -> dict[str, list[str]]:
-    """Label columns for a per-token table: "kind", "frequency" (bands over all its types) and, with nltk's tagger
-    data installed, "pos". The scheme is detected from the tokens unless given."""
+    """Label columns for a per-token table: "kind", "frequency" (bands over all its types), "case" and, with nltk's
+    tagger data installed, "pos". The scheme is detected from the tokens unless given."""
     tokens = [str(token) for token in table["token"]]
     scheme = scheme or detect_scheme(tokens)
     _check_scheme(scheme)
     labels = {
         "kind": [token_kind(token, scheme, special_tokens) for token in tokens],
         "frequency": frequency_band(table["count"].to_numpy()).tolist(),
+        "case": [letter_case(token, scheme) for token in tokens],
     }
     pos = part_of_speech(tokens, scheme, special_tokens)
     if pos is not None:

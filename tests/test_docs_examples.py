@@ -1,5 +1,6 @@
 """The Python examples of the README and docs/ run as written, and the documentation site builds strictly."""
 
+import json
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ import pytest
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from training.tokenizer import load_tokenizer, padded_vocab_size
+from twotower.evaluation.study_report import summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -29,6 +31,15 @@ def test_readme_is_short_and_its_links_resolve():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
         if not target.startswith("http"):
             assert (REPO / target).exists(), f"README links to missing {target}"
+
+
+def test_readme_states_the_studys_verdicts_as_study_json_has_them():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## What reproduces at CPU scale", 1)[1].split("\n## ", 1)[0]
+    verdicts = json.loads((REPO / "docs" / "study" / "study.json").read_text(encoding="utf-8"))["verdicts"]
+    assert verdicts
+    for line in summary_lines(verdicts):
+        assert line in section
 
 
 @pytest.fixture()

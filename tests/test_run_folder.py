@@ -24,7 +24,7 @@ from twotower.training.checkpointing import list_checkpoints
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.folder_lock import output_dir_lock
 from twotower.training.phases import make_optimizer, trained_module
-from twotower.training.run_folder import readable_bytes, run_disk_bytes
+from twotower.training.run_folder import EVAL_HISTORY, read_eval_history, readable_bytes, run_disk_bytes
 from twotower.training.train import training_function
 
 NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -128,7 +128,10 @@ def test_overwrite_output_dir_clears_only_what_a_run_writes(seed_runs, corpus, t
     (run / "data" / "train.txt").write_text("the user's")
     result = training_function(small_config(corpus, run, seed=2, overwrite_output_dir=True))
     assert (run / "notes.txt").read_text() == (run / "data" / "train.txt").read_text() == "the user's"
-    assert not (run / "runs").exists() and not (run / ".model.tmp").exists()
+    assert not (run / ".model.tmp").exists()
+    # seed 1's logs are gone; runs/ holds the new run's evaluations alone
+    assert [path.name for path in (run / "runs").rglob("*") if path.is_file()] == [EVAL_HISTORY]
+    assert read_eval_history(run)[-1]["loss"] == pytest.approx(result["eval_metrics"]["loss"])
     # What is left is seed 2's run alone, as it is in a folder of its own.
     assert result["train_losses"] == seed_runs[2]["train_losses"]
     assert bitwise_equal(weights(run), weights(Path(seed_runs[2]["model_dir"]).parent))

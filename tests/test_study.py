@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from scipy import stats
+from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from twotower.evaluation import study as study_module
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
-from twotower.evaluation.study_report import correlation_p_value
 from twotower.evaluation.tower_preference.preference_stats import compare_preferences, compute_preference
 from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
 from twotower.training.loading import load_two_tower
+from twotower.training.run_folder import read_eval_history
 from twotower.training.tokenizer import load_tokenizer
 
 
@@ -34,6 +34,8 @@ MICRO_STUDY = {
         "control": {"pretrain_recipe": "tiny_control", "probe_recipe": "tiny_control_probe", "control_of": "causal"},
     },
     "grid": [{"family": "causal", "seeds": [0, 1]}, {"family": "control", "seeds": [0]}],
+    "trajectory": [0.5, 1.0],
+    "convergence_factor": 2,
     "pretrain": {
         "tokenizer_vocab_size": 512,
         "max_train_steps": 6,
@@ -150,7 +152,7 @@ def test_run_figures_are_the_scoring_commands_and_match_an_independent_computati
 
 def test_one_probe_run_trains_distinct_replicas_and_stops_on_validation_loss(micro_study):
     run_dir = micro_study["output_dir"] / "runs" / "causal-t2-s0"
-    assert sorted(path.name for path in run_dir.iterdir()) == ["pretrain", "probe", "run.json", "scores"]
+    assert sorted(path.name for path in run_dir.iterdir()) == ["pretrain", "probe", "run.json", "scores", "trajectory"]
     config = json.loads((run_dir / "probe" / "model" / "config.json").read_text())
     assert config["probe_replicas"] == NUM_REPLICAS
     probe = run_summary(micro_study, "causal-t2-s0")["probe"]
@@ -160,95 +162,92 @@ def test_one_probe_run_trains_distinct_replicas_and_stops_on_validation_loss(mic
         assert replicas[0] != replicas[1]  # replicas start from other weights
 
 
-def test_report_renders_the_replica_figures(micro_study):
-    report_dir = micro_study["report"].parent
+PRIMARY_TEXT = "books"  # the first evaluation text, in the order of the recipe file (yaml.safe_dump sorts keys)
+
+
+def test_verdicts_are_the_scoring_commands_figures_with_intervals(micro_study):
     text = micro_study["report"].read_text()
-    study = json.loads((report_dir / "study.json").read_text())
-    assert {row["run"] for row in study["runs"]} == {"causal-t2-s0", "causal-t2-s1", "control-t2-s0"}
-    assert len(study["runs"]) == 6  # three runs x two texts
-    for name in ("noise_floor.png", "cross_seed.png", "categories_causal-t2_books.png"):
-        assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "micro study" in text and "**cooperation** (causal vs control, its independent-towers control)" in text
-    assert "## Verdicts" in text and "## Runs" in text and "## Across seeds" in text and "## Token categories" in text
+    study = json.loads((micro_study["report"].parent / "study.json").read_text())
+    verdict = study["verdicts"]["causal"]
+    assert set(study["verdicts"]) == {"causal"} and verdict["control"] == "control"
+    assert {"reliability", "reliability_ci", "control_reliability", "control_reliability_ci", "difference_ci",
+            "preference_over_floor", "cross_seed_r", "cross_seed_null_r", "seeds", "replicas",
+            "joint_perplexity", "unigram_entropy_nats"} <= set(verdict)
+    assert verdict["seeds"] == [0, 1] and verdict["control_seeds"] == [0] and verdict["replicas"] == NUM_REPLICAS
 
-    (row,) = [r for r in study["runs"] if r["run"] == "causal-t2-s0" and r["text"] == "books"]
-    figures = run_summary(micro_study, "causal-t2-s0")["scores"]["books"]
-    assert row["reliability"] == figures["reliability"]
-    assert [row["reliability_ci_low"], row["reliability_ci_high"]] == figures["reliability_ci"]
-    assert row["excess_difference_nats"] == pytest.approx(
-        figures["two_tower_difference_nats"] - figures["same_tower_floor_nats"]
-    )
-    (table_row,) = [cells for cells in markdown_rows(text) if cells[:2] == ["causal-t2-s0", "books"]]
-    assert table_row[2] == f"{figures['perplexity']['joint']:.1f}"
-    low, high = figures["reliability_ci"]
-    assert table_row[6] == f"{figures['reliability']:.3f} ({low:.3f} to {high:.3f})"
+    # reliability: the mean of the scoring command's per-run figures (the replica-level variance recomputed from each
+    # per-token table); the floor: the mean of each run's two-tower difference minus its same-tower floor
+    causal = [run_summary(micro_study, f"causal-t2-s{seed}")["scores"][PRIMARY_TEXT] for seed in (0, 1)]
+    control = run_summary(micro_study, "control-t2-s0")["scores"][PRIMARY_TEXT]
+    assert verdict["reliability"] == pytest.approx(np.mean([run["reliability"] for run in causal]), rel=1e-9)
+    assert verdict["control_reliability"] == pytest.approx(control["reliability"], rel=1e-9)
+    assert verdict["difference"] == pytest.approx(verdict["reliability"] - verdict["control_reliability"])
+    over_floor = [run["two_tower_difference_nats"] - run["same_tower_floor_nats"] for run in causal]
+    assert verdict["preference_over_floor"] == pytest.approx(np.mean(over_floor), rel=1e-6)
+    assert verdict["joint_perplexity"] == pytest.approx(np.mean([run["perplexity"]["joint"] for run in causal]))
+    for key in ("reliability", "control_reliability", "difference", "preference_over_floor", "cross_seed_r"):
+        low, high = verdict[f"{key}_ci"]
+        assert low < high, key
 
-    # the cross-seed correlation is compare_preferences over the two seeds' eligible replica-mean preferences
-    (causal_books,) = [r for r in study["cross_seed"] if r["family"] == "causal" and r["text"] == "books"]
+    # cross-seed: compare_preferences over the two seeds' eligible replica-mean preferences
     runs_dir = micro_study["output_dir"] / "runs"
-    tables = [load_report(runs_dir / f"causal-t2-s{seed}" / "scores" / "books")[1] for seed in (0, 1)]
+    tables = [load_report(runs_dir / f"causal-t2-s{seed}" / "scores" / PRIMARY_TEXT)[1] for seed in (0, 1)]
     (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, tables)
     expected = compare_preferences(ids_a, preference_a, ids_b, preference_b)
-    assert causal_books["correlation"] == pytest.approx(expected["correlation"])
-    reliabilities = [r["reliability"] for r in study["runs"] if r["family"] == "causal" and r["text"] == "books"]
-    assert causal_books["ceiling"] == pytest.approx(np.sqrt(np.prod(np.maximum(reliabilities, 0))))
+    assert verdict["cross_seed_r"] == pytest.approx(expected["correlation"])
+    assert 0 < verdict["cross_seed_null_r"] < verdict["cross_seed_null_r_95"]
+
+    # the document states each verdict with its interval, in one sentence and in the table
+    low, high = verdict["reliability_ci"]
+    assert f"{verdict['reliability']:.3f} [{low:.3f}, {high:.3f}]" in text
+    (row,) = [cells for cells in markdown_rows(text) if cells[0] == "causal" and cells[1] == "2"][:1]
+    assert row[-1] == verdict["conclusion"]
+    assert set(study["verdicts_by_text"]) == {"books", "wiki-test"}
+    for heading in ("## Verdicts (books, end of training)", "## Convergence", "## Trajectory", "## Runs",
+                    "## What the towers take (books)"):
+        assert heading in text
 
 
-def test_report_states_the_figures_of_its_runs(micro_study):
-    text = micro_study["report"].read_text()
-    lines = text.splitlines()
+def test_trajectory_models_hold_the_checkpoint_weights(micro_study):
+    run_dir = micro_study["output_dir"] / "runs" / "causal-t2-s0"
+    summary = run_summary(micro_study, "causal-t2-s0")
+    assert [point["step"] for point in summary["trajectory"]] == [3, 6]
+    assert [point["pretrain_validation"]["step"] for point in summary["trajectory"]] == [3, 6]
+    assert list(summary["trajectory"][0]["scores"]) == [PRIMARY_TEXT]  # earlier steps: the first text only
+    assert summary["trajectory"][-1]["scores"] == summary["scores"]
+    exported = load_file(run_dir / "trajectory" / "step-3" / "model" / "model.safetensors")
+    checkpoint = load_file(run_dir / "pretrain" / "checkpoints" / "step_3" / "model.safetensors")
+    final = load_file(run_dir / "pretrain" / "model" / "model.safetensors")
+    shared = set(exported) & set(checkpoint)
+    assert len(shared) >= len(checkpoint) - 1  # one of the tied embedding / decoder pair may be stored once
+    assert all(torch.equal(exported[name], checkpoint[name]) for name in shared)
+    assert not all(torch.equal(final[name], checkpoint[name]) for name in shared)
+    trained_on = json.loads((run_dir / "trajectory" / "step-3" / "probe" / "train_result.json").read_text())
+    assert trained_on["completed_steps"] > 0
+
     study = json.loads((micro_study["report"].parent / "study.json").read_text())
-    runs = study["runs"]
+    rows = [row for row in study["trajectory"] if row["run"] == "causal-t2-s0"]
+    assert [row["step"] for row in rows] == [3, 6]
+    assert rows[0]["reliability"] == summary["trajectory"][0]["scores"][PRIMARY_TEXT]["reliability"]
+    assert rows[0]["validation_loss"] == summary["trajectory"][0]["pretrain_validation"]["loss"]
 
-    # verdicts: each family's figures averaged over its run/text pairs, recomputed from study.json
-    for family in ("causal", "control"):
-        group = [row for row in runs if row["family"] == family]
-        mean = {key: np.mean([row[key] for row in group]) for key in group[0] if isinstance(group[0][key], float)}
-        low, high = min(row["reliability_ci_low"] for row in group), max(row["reliability_ci_high"] for row in group)
-        above = sum(row["two_tower_difference_nats"] > row["same_tower_floor_nats"] for row in group)
-        assert f"- **{family}** ({len(group)} run/text pairs, {NUM_REPLICAS} probe replicas per tower):" in lines
-        assert (
-            f"  - reliability {mean['reliability']:.3f} on average (95% intervals from {low:.3f} to {high:.3f}); "
-            f"with one probe per tower {mean['reliability_single_probe']:.3f}."
-        ) in lines
-        assert (
-            f"  - {100 * mean['significant_share']:.1f}% of eligible token types prefer one tower beyond probe noise "
-            f"(replica-level test), against {100 * mean['occurrence_significant_share']:.1f}% by the occurrence-level "
-            "test, which ignores probe noise."
-        ) in lines
-        assert (
-            f"  - probes of two towers differ by {mean['two_tower_difference_nats']:.3f} nats per token type, probes "
-            f"of one tower by {mean['same_tower_floor_nats']:.3f} (the noise floor): above the floor in {above} of "
-            f"{len(group)} run/text pairs."
-        ) in lines
-    excess = {
-        family: np.mean([row["excess_difference_nats"] for row in runs if row["family"] == family])
-        for family in ("causal", "control")
-    }
-    assert f"two-tower difference above the floor by {excess['causal']:.3f} vs {excess['control']:.3f} nats." in text
 
-    # across seeds: the verdict sentence and the table row of each (family, text)
-    for row in study["cross_seed"]:
-        figures = f"{row['correlation']:.3f} (largest p-value over seed pairs {max(row['p_values']):.2g}; ceiling "
-        verdict = "**recurs**" if row["recurs"] else "**does not recur**"
-        assert f"  - across 2 seeds on {row['text']} (2 towers): matched correlation {figures}" in text
-        assert f"{row['ceiling']:.3f}): the split {verdict} across seeds" in text
-        expected_cells = [row["family"], "2", row["text"], "2", f"{row['correlation']:.3f}"]
-        expected_cells += [f"{max(row['p_values']):.2g}", f"{row['ceiling']:.3f}", "yes" if row["recurs"] else "no"]
-        assert expected_cells in markdown_rows(text)
+def test_convergence_run_is_twice_as_long_and_compared_at_both_ends(micro_study):
+    study = json.loads((micro_study["report"].parent / "study.json").read_text())
+    (check,) = study["convergence"]
+    assert (check["family"], check["seed"], check["length"], check["long_length"]) == ("causal", 0, 6, 12)
+    long_history = read_eval_history(micro_study["output_dir"] / "convergence" / "causal-t2-s0" / "pretrain")
+    assert check["long_loss"] == long_history[-1]["loss"] and long_history[-1]["step"] == 12
+    assert check["loss"] == run_summary(micro_study, "causal-t2-s0")["pretrain"]["eval_history"][-1]["loss"]
+    assert check["relative_gap"] == pytest.approx((check["loss"] - check["long_loss"]) / check["long_loss"])
 
-    # runs table: one row per run and text, with its figures
+
+def test_token_categories_of_every_seed(micro_study):
+    text = micro_study["report"].read_text()
+    study = json.loads((micro_study["report"].parent / "study.json").read_text())
     table = markdown_rows(text)
-    for row in runs:
-        (cells,) = [cells for cells in table if cells[:2] == [row["run"], row["text"]]]
-        assert cells[5] == f"{row['global_offset_nats']:.3f}"
-        shares = ("reliability_single_probe", "significant_share", "occurrence_significant_share")
-        differences = ("two_tower_difference_nats", "same_tower_floor_nats")
-        assert cells[7:12] == [f"{row[key]:.3f}" for key in shares + differences]
-        assert cells[12] == str(row["num_eligible_types"])
-
-    # token categories: each seed's share of a category's types preferring the first seed's tower 0
-    per_seed = study["categories"]["books"]["causal-t2"]
+    # each seed's share of a category's types preferring the first seed's tower 0
+    per_seed = study["categories"]["causal-t2"]
     for record in per_seed["causal-t2-s0"]["kind"]:
         shares = []
         for seed in ("causal-t2-s0", "causal-t2-s1"):
@@ -256,6 +255,12 @@ def test_report_states_the_figures_of_its_runs(micro_study):
             share = match[f"num_preferring_tower{match['tower_of_reference_0']}"] / match["num_types"]
             shares.append(f"{share:.2f}" + ("*" if match["q_value"] < 0.05 else ""))
         assert ["kind", record["category"], str(record["num_types"]), *shares] in table
+    assert {row["grouping"] for row in study["category_recurrence"]} == {"kind", "frequency", "case"}
+    top = study["top_types"]["causal"]
+    assert top["run"] == "causal-t2-s0" and all(len(tower) <= 20 for tower in top["towers"])
+    _, first = load_report(micro_study["output_dir"] / "runs" / "causal-t2-s0" / "scores" / PRIMARY_TEXT)
+    eligible = first[first["eligible"] & (first["preferred_tower"] == 0)]
+    assert top["towers"][0][0]["p_value"] == eligible["p_value"].min()
 
 
 def test_finished_runs_are_not_repeated(micro_study, monkeypatch):
@@ -273,6 +278,7 @@ def test_an_interrupted_run_reuses_its_finished_phases_and_score_folders(micro_s
     name = "causal-t2-s0"
     run_dir = tmp_path / "out" / "runs" / name
     shutil.copytree(micro_study["output_dir"] / "runs" / name, run_dir)
+    shutil.copytree(micro_study["output_dir"] / "convergence", tmp_path / "out" / "convergence")  # finished too
     (run_dir / "run.json").unlink()
     shutil.rmtree(run_dir / "scores" / "books")
 
@@ -292,9 +298,10 @@ def test_an_interrupted_run_reuses_its_finished_phases_and_score_folders(micro_s
     assert scored == ["books"]
     before, after = run_summary(micro_study, name), json.loads((run_dir / "run.json").read_text())
     assert after["scores"]["wiki-test"]["seconds"] is None  # reused: its scoring time is not known
-    for text in MICRO_STUDY["eval_texts"]:
-        for figures in (before, after):
-            figures["scores"][text].pop("seconds")
+    for figures in (before, after):
+        for point in (figures, *figures["trajectory"]):
+            for scores in point["scores"].values():
+                scores.pop("seconds")
     assert after == before
 
 
@@ -335,14 +342,8 @@ def test_shipped_study_recipes_load_with_valid_training_options(recipe):
         dataclasses.replace(load_config(family.pretrain_recipe), **pretrain_options)
         probe = dataclasses.replace(load_config(family.probe_recipe), **study.probe)
         assert probe.phase == "probe" and probe.probe_replicas == study.probe["probe_replicas"]
-    if recipe == "cpu":
-        assert [run.name for run in study.runs()][:3] == ["causal-t2-s0", "causal-t2-s1", "causal-t2-s2"]
-    assert study.families["control"].control_of == "causal"
-
-
-def test_correlation_p_value_is_pearsons():
-    generator = np.random.default_rng(0)
-    x = generator.normal(size=60)
-    for y in (generator.normal(size=60), x + generator.normal(size=60), -x + generator.normal(size=60)):
-        result = stats.pearsonr(x, y)
-        assert correlation_p_value(result.statistic, 60) == pytest.approx(result.pvalue, rel=1e-9)
+    if recipe == "cpu":  # family by family, each cooperative family with its control, seed-major
+        assert [run.name for run in study.runs()][:3] == ["causal-t2-s0", "causal_control-t2-s0", "causal-t2-s1"]
+        assert {name: family.control_of for name, family in study.families.items() if family.control_of} == {
+            "causal_control": "causal", "elmo_control": "elmo", "masked_control": "masked"}
+        assert len(study.runs()) == 18 and study.convergence_factor == 2

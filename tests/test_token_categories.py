@@ -13,6 +13,7 @@ from twotower.evaluation.token_categories import (
     category_preferences,
     detect_scheme,
     frequency_band,
+    letter_case,
     part_of_speech,
     plot_category_preferences,
     token_kind,
@@ -213,6 +214,7 @@ def test_part_of_speech_none_without_tagger_data(monkeypatch):
     assert categorize(table) == {
         "kind": ["word-initial", "continuation", "punctuation"],
         "frequency": ["top 100"] * 3,
+        "case": ["lower-case", "lower-case", "no letters"],
     }
 
 
@@ -239,3 +241,11 @@ def test_plot_category_preferences_writes_png(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["categories.png"]  # no temporary file left behind
     with pytest.raises(ValueError, match="no eligible token types"):
         plot_category_preferences(category_preferences(table.assign(eligible=False), categories), path, "none")
+
+
+def test_letter_case_of_byte_level_and_wordpiece_pieces():
+    cases = {"ĠThe": "capitalised", "the": "lower-case", "ĠNASA": "capitalised", "ing": "lower-case",
+             "Ġ,": "no letters", "12": "no letters", "<pad>": "no letters", "ĠiPhone": "lower-case"}
+    assert {token: letter_case(token, "byte_level") for token in cases} == cases
+    assert [letter_case(token, "wordpiece") for token in ("Paris", "##ian", "[CLS]")] == [
+        "capitalised", "lower-case", "no letters"]

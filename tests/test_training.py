@@ -39,6 +39,7 @@ from twotower.training.phases import (
     weight_decay_groups,
 )
 from twotower.training.probe_cache import build_feature_cache
+from twotower.training.run_folder import read_eval_history
 from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
@@ -112,6 +113,12 @@ def test_pretraining_learns(pretrain_run):
     assert logged == pytest.approx(losses)  # the TensorBoard tracker got every step
     for tag in ("train/tokens_per_s", "train/mfu", "train/lr", "eval/perplexity"):
         assert tensorboard_scalars(Path(pretrain_run["config"].output_dir), "pretrain", tag)
+    # runs/eval_history.jsonl holds every evaluation, whatever the trackers
+    history = read_eval_history(pretrain_run["config"].output_dir)
+    assert [entry["loss"] for entry in history] == pytest.approx(
+        tensorboard_scalars(Path(pretrain_run["config"].output_dir), "pretrain", "eval/loss")
+    )
+    assert history[-1] == {"step": 30, **pretrain_run["eval_metrics"]}
 
 
 def test_saved_model_reloads_with_the_evaluated_weights(pretrain_run):

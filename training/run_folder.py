@@ -4,6 +4,7 @@ checkpoints or model, a resumed run starts from a verified checkpoint taken with
 room for what the run will write, checked before the long work.
 """
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -21,7 +22,8 @@ from .checkpointing import (
 from .errors import TwoTowerUserError
 from .probe_cache import CACHE_DIR
 
-RUNS_DIR = "runs"  # the trackers' logs (TensorBoard)
+RUNS_DIR = "runs"  # the trackers' logs (TensorBoard) and EVAL_HISTORY
+EVAL_HISTORY = "eval_history.jsonl"  # every evaluation of the run: {"step", metric: value, ...} a line
 RUN_OUTPUTS = (CHECKPOINTS_DIR, FINAL_MODEL_DIR, RUNS_DIR, CACHE_DIR)  # what a run writes; anything else is the user's
 ADAM_MOMENTS = 2  # AdamW keeps two tensors the size of the trained parameters
 
@@ -120,3 +122,19 @@ def check_free_space(output_dir, checkpoint_bytes: int, model_bytes: int, checkp
             f"written) and a model of {readable_bytes(model_bytes)}. Free space on that disk, lower "
             f"--checkpoints_total_limit, or choose another --output_dir."
         )
+
+
+def read_eval_history(output_dir) -> list[dict]:
+    """A run's evaluations in step order, from runs/eval_history.jsonl; of a step evaluated twice (a run killed after
+    evaluating and resumed from an earlier checkpoint), the last."""
+    path = Path(output_dir) / RUNS_DIR / EVAL_HISTORY
+    if not path.is_file():
+        return []
+    by_step = {}
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        by_step[entry["step"]] = entry
+    return [by_step[step] for step in sorted(by_step)]

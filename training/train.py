@@ -29,6 +29,7 @@ Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first 
 
 import argparse
 import contextlib
+import json
 import shutil
 import sys
 import time
@@ -57,7 +58,7 @@ from .phases import (
     trained_state_dict,
 )
 from .probe_cache import CACHE_DIR, replica_orders, step_positions
-from .run_folder import RUNS_DIR, start_or_resume
+from .run_folder import EVAL_HISTORY, RUNS_DIR, start_or_resume
 from .run_setup import TrainingRun, prepare_run
 from .throughput import throughput_metrics
 from .validation import evaluate_blocks, evaluate_cached, format_metrics
@@ -203,12 +204,22 @@ class Evaluator:
             metrics = evaluate_blocks(accelerator, run.trained, run.eval_dataloader)
         accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=step)
         accelerator.print(f"step {step}: validation {format_metrics(metrics)}")
+        if accelerator.is_main_process:
+            self.record(step, metrics)
         if self.early_stopping is not None:
             self.early_stopping.update(monitored_loss(metrics, run.config.phase), step, metrics,
                                        lambda: trained_state_dict(accelerator, run.trained))
         run.trained.train()
         self.last_step, self.last_metrics = step, metrics
         return metrics
+
+    def record(self, step: int, metrics: dict) -> None:
+        """One line of runs/eval_history.jsonl: the evaluation's step and metrics, whatever the trackers (a resumed
+        run appends; `read_eval_history` keeps the last line of each step)."""
+        history = Path(self.run.config.output_dir) / RUNS_DIR / EVAL_HISTORY
+        history.parent.mkdir(parents=True, exist_ok=True)
+        with history.open("a") as file:
+            file.write(json.dumps({"step": step, **metrics}) + "\n")
 
     @property
     def should_stop(self) -> bool:

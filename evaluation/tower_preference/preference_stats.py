@@ -556,7 +556,7 @@ def _moderated_variance(residual_variance, residual_df, prior_df, prior_variance
     return (prior_df * prior_variance + residual_df * residual_variance) / (prior_df + residual_df)
 
 
-def _reliability(preference_nats, sampling_variance):
+def preference_reliability(preference_nats, sampling_variance):
     """1 - mean(sampling_variance) / var(preference_nats) over token types (last axis), averaged over contrast
     rows (the axis before): the share of the across-type variance of the preference that is not replica noise.
     """
@@ -569,7 +569,7 @@ def _reliability_interval(preference_nats, sampling_variance):
     num_rows, num_types = preference_nats.shape
 
     def statistic(*samples, axis):  # each row's preferences, then each row's variances; resampled types last
-        return _reliability(np.stack(samples[:num_rows], axis=-2), np.stack(samples[num_rows:], axis=-2))
+        return preference_reliability(np.stack(samples[:num_rows], axis=-2), np.stack(samples[num_rows:], axis=-2))
 
     batch = max(1, BOOTSTRAP_BATCH_VALUES // (2 * num_rows * num_types))  # resamples held in memory at once
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated type has no variance
@@ -822,7 +822,7 @@ def _reliability_summary(preference_nats, sampling_variance, replicas):
     and their squared replica-level standard errors; None with too few types or no spread between them."""
     if preference_nats.shape[1] < MIN_TYPES_FOR_CORRELATION or (np.ptp(preference_nats, axis=1) == 0).any():
         return {"reliability": None, "reliability_ci": [None, None], "reliability_single_probe": None}
-    reliability = float(_reliability(preference_nats, sampling_variance))
+    reliability = float(preference_reliability(preference_nats, sampling_variance))
     return {
         "reliability": reliability,
         "reliability_ci": _reliability_interval(preference_nats, sampling_variance),
@@ -904,15 +904,24 @@ def compare_preferences(token_ids_a, preference_nats_a, token_ids_b, preference_
             raise ValueError(
                 f"run {name} has a tower whose preference is constant over the shared types; no correlation."
             )
-    num_towers = preference_a.shape[0]
-    correlation_matrix = np.corrcoef(preference_a, preference_b)[:num_towers, num_towers:]
-    rows, mapping = optimize.linear_sum_assignment(correlation_matrix, maximize=True)
+    correlation, mapping, correlation_matrix = matched_correlation(preference_a, preference_b)
     return {
-        "correlation": float(correlation_matrix[rows, mapping].mean()),
+        "correlation": correlation,
         "tower_mapping": mapping.tolist(),
         "correlation_matrix": correlation_matrix.tolist(),
         "num_shared_types": int(shared.shape[0]),
     }
+
+
+def matched_correlation(preference_a, preference_b):
+    """
+    (mean matched correlation, run B's tower matched to each of run A's, the correlation matrix) of two runs'
+    preferences [towers, types] over the same types in the same order: `compare_preferences` after aligning types.
+    """
+    num_towers = preference_a.shape[0]
+    correlation_matrix = np.corrcoef(preference_a, preference_b)[:num_towers, num_towers:]
+    rows, mapping = optimize.linear_sum_assignment(correlation_matrix, maximize=True)
+    return float(correlation_matrix[rows, mapping].mean()), mapping, correlation_matrix
 
 
 def _as_preference_table(token_ids, preference_nats, name):
