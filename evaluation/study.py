@@ -301,7 +301,7 @@ def model_at_step(pretrain_dir: Path, step: int, out_dir: Path) -> Path:
     step's checkpoint weights in a copy of the saved model's folder (config, tokenizer, training config).
     """
     final = pretrain_dir / FINAL_MODEL_DIR
-    if step == read_progress_steps(final):
+    if step == saved_model_steps(final):
         return final
     model_dir = out_dir / FINAL_MODEL_DIR
     if (model_dir / "config.json").is_file():
@@ -330,7 +330,7 @@ def model_at_step(pretrain_dir: Path, step: int, out_dir: Path) -> Path:
     return model_dir
 
 
-def read_progress_steps(model_dir: Path) -> int:
+def saved_model_steps(model_dir: Path) -> int:
     """The optimizer steps a saved pretraining model took (its training config's max_train_steps)."""
     return int(read_training_config(model_dir)["max_train_steps"])
 
@@ -393,15 +393,13 @@ def convergence_runs(study: StudyConfig) -> list[StudyRun]:
     return list(first.values())
 
 
-def run_convergence(study: StudyConfig, run: StudyRun, data_dir: Path, out_dir: Path) -> dict:
-    """Pretrain `convergence_factor` times as long as the family's runs; returns its evaluations (step, loss)."""
+def run_convergence(study: StudyConfig, run: StudyRun, data_dir: Path, out_dir: Path) -> None:
+    """Pretrain `convergence_factor` times as long as the family's runs (the report reads its eval history)."""
     data = training_texts(study, data_dir)
     length = pretrain_options(study, run, data)["max_train_steps"]
     options = pretrain_options(study, run, data, study.convergence_factor * length)
     options["checkpoints_total_limit"] = 1  # only to resume: no probe reads these weights
-    result = train_phase(study.families[run.family].pretrain_recipe, out_dir / "pretrain", options)
-    return {"family": run.family, "seed": run.seed, "length": length, "long_length": options["max_train_steps"],
-            "pretrain": result, "eval_history": read_eval_history(out_dir / "pretrain")}
+    train_phase(study.families[run.family].pretrain_recipe, out_dir / "pretrain", options)
 
 
 def load_run_summary(path: Path) -> dict:
@@ -449,7 +447,7 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
         raise FileNotFoundError(f"No finished run in {output_dir / 'runs'}; run the study without --aggregate_only.")
     convergence = [
         {"family": run.family, "seed": run.seed, "eval_history": read_eval_history(folder / "pretrain"),
-         "max_train_steps": read_progress_steps(folder / "pretrain" / FINAL_MODEL_DIR)}
+         "max_train_steps": saved_model_steps(folder / "pretrain" / FINAL_MODEL_DIR)}
         for run in convergence_runs(study)
         if ((folder := output_dir / CONVERGENCE_DIR / run.name) / "pretrain" / TRAIN_RESULT).is_file()
     ]
