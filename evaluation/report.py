@@ -354,7 +354,10 @@ def _write_report_files(folder, report, table):
 def load_report(report_dir):
     """(preference.json as a dict, the per-token table as a DataFrame) of a report folder."""
     report_dir = Path(report_dir)
-    missing = [name for name in (PREFERENCE_JSON, PER_TOKEN_CSV) if not (report_dir / name).is_file()]
+    table_path = report_dir / PER_TOKEN_CSV
+    if not table_path.is_file() and (report_dir / f"{PER_TOKEN_CSV}.gz").is_file():
+        table_path = report_dir / f"{PER_TOKEN_CSV}.gz"  # as the study keeps its runs' tables
+    missing = [path.name for path in (report_dir / PREFERENCE_JSON, table_path) if not path.is_file()]
     if missing:
         raise FileNotFoundError(
             f"{report_dir} is not a tower preference report (missing {missing}); pass a folder written by "
@@ -362,7 +365,7 @@ def load_report(report_dir):
         )
     report = json.loads((report_dir / PREFERENCE_JSON).read_text(encoding="utf-8"))
     # empty cells are missing numbers, but token strings stay as written ("nan" and "null" are tokens too)
-    columns = pd.read_csv(report_dir / PER_TOKEN_CSV, nrows=0).columns
+    columns = pd.read_csv(table_path, nrows=0).columns
     missing_numbers = {column: [""] for column in columns if column != "token"}
-    table = pd.read_csv(report_dir / PER_TOKEN_CSV, keep_default_na=False, na_values=missing_numbers)
+    table = pd.read_csv(table_path, keep_default_na=False, na_values=missing_numbers)
     return report, table

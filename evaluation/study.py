@@ -5,9 +5,13 @@ scoring command's code (twotower.evaluation.score), then aggregate the runs into
 plots): replica-level reliability and significance against the same-tower noise floor, cross-seed agreement, the
 independent-towers control and token categories.
 
-Runs resume: a finished run (its run.json exists) is not repeated, and within a run each finished phase (a saved
-model, a written score folder) is reused. So an interrupted study continues where it stopped, and a grid can be
-spread over GPUs or machines with --runs (a regular expression over run names) and aggregated at the end.
+Runs resume: a finished run is not repeated, and within a run each finished phase (a saved model, a written score
+folder) is reused. So an interrupted study continues where it stopped, and a grid can be spread over GPUs or machines
+with --runs (a regular expression over run names) and aggregated at the end. The report folder keeps what the
+document reads of every finished run (REPORT_DIR/runs/RUN: run.json and each text's preference.json and gzipped
+per-token table; REPORT_DIR/convergence/RUN.json: the convergence curves), and the document is made from those
+alone: with --report_dir docs/study, a fresh clone of the repository continues the study where the committed results
+stop, and OUTPUT_DIR (models and checkpoints, gigabytes) can be deleted once a run is finished.
 
 The CPU grid, then the document:
     python -m twotower.evaluation.study --recipe cpu --data_dir ../shared/data --output_dir outputs/study-cpu \
@@ -29,6 +33,7 @@ run `convergence_factor` times as long as the family's.
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import re
@@ -47,7 +52,8 @@ from twotower.training.arguments import load_config, read_recipe, resolve_recipe
 from twotower.training.atomic import write_text_atomically
 from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
 from twotower.training.errors import TwoTowerUserError
-from twotower.training.loading import load_two_tower, read_training_config
+from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
+from twotower.training.objectives import objective_of
 from twotower.training.run_folder import continuation_options, read_eval_history
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
@@ -61,6 +67,9 @@ from .study_verdicts import unigram_cross_entropy
 STUDY_RECIPES_DIR = Path(__file__).resolve().parent / "study_recipes"
 RUN_SUMMARY = "run.json"
 CONVERGENCE_DIR = "convergence"
+# in the report folder: each finished run's results (run.json, score tables), the only input of the document
+KEPT_RUNS_DIR = "runs"
+KEPT_CONVERGENCE_DIR = "convergence"
 EPOCH_CHECKPOINTS_KEPT = 8  # room beside the trajectory's checkpoints for those of epoch ends
 QUIET = {"report_to": "none", "disable_tqdm": True}
 TRAIN_RESULT = "train_result.json"
@@ -413,10 +422,75 @@ def load_run_summary(path: Path) -> dict:
     return summary
 
 
+def keep_run_results(run_dir: Path, kept_dir: Path, texts: dict) -> None:
+    """
+    Copy what the document reads of a finished run into the report folder: run.json, with the pretrained model's
+    objective and the unigram cross-entropy of the training text under the run's tokenizer, and each text's
+    preference.json and per-token table (gzip). Written whole or not at all (a folder renamed into place).
+    """
+    summary = load_run_summary(run_dir / RUN_SUMMARY)
+    model_dir = run_dir / "pretrain" / FINAL_MODEL_DIR
+    config = load_two_tower_config(model_dir)
+    summary["model"] = {"objective": objective_of(config), "tower_type": config.tower_type}
+    summary["unigram_cross_entropy_nats"] = unigram_cross_entropy(load_tokenizer(str(model_dir)), *texts.values())
+    partial = kept_dir.with_name(f".{kept_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for text in summary["scores"]:
+        source, kept = run_dir / "scores" / text, partial / "scores" / text
+        kept.mkdir(parents=True)
+        shutil.copyfile(source / PREFERENCE_JSON, kept / PREFERENCE_JSON)
+        # compressed (a third of the size: the study's results are committed), byte-stable (no time stamp)
+        (kept / f"{PER_TOKEN_CSV}.gz").write_bytes(gzip.compress((source / PER_TOKEN_CSV).read_bytes(), mtime=0))
+    (partial / RUN_SUMMARY).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    shutil.rmtree(kept_dir, ignore_errors=True)  # never a finished copy: that one has its run.json
+    partial.replace(kept_dir)
+
+
+def keep_convergence_results(run: StudyRun, out_dir: Path, kept_file: Path) -> None:
+    """The convergence run's validation curve and length, as the document reads them, into the report folder."""
+    results = {"family": run.family, "seed": run.seed, "eval_history": read_eval_history(out_dir / "pretrain"),
+               "max_train_steps": saved_model_steps(out_dir / "pretrain" / FINAL_MODEL_DIR)}
+    kept_file.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(kept_file, json.dumps(results, indent=2, allow_nan=False) + "\n")
+
+
+def finish_run(study, run, data_dir, output_dir, kept_dir, aggregate_only, label) -> None:
+    """Run one grid run unless the report folder keeps its results (or, with aggregate_only, it did not finish);
+    keep the results of a finished run there."""
+    run_dir = output_dir / "runs" / run.name
+    if (kept_dir / RUN_SUMMARY).is_file():
+        print(f"{label} {run.name}: finished earlier, kept in {kept_dir}")
+        return
+    if not (run_dir / RUN_SUMMARY).is_file():
+        if aggregate_only:
+            return
+        print(f"{label} {run.name}: running in {run_dir}", flush=True)
+        run_one(study, run, data_dir, run_dir)
+    keep_run_results(run_dir, kept_dir, training_texts(study, data_dir))
+
+
+def finish_convergence(study, run, data_dir, output_dir, kept_file, aggregate_only) -> None:
+    """The convergence run of one family, like `finish_run`."""
+    out_dir = output_dir / CONVERGENCE_DIR / run.name
+    if kept_file.is_file():
+        return
+    if not (out_dir / "pretrain" / TRAIN_RESULT).is_file():
+        if aggregate_only:
+            return
+        print(f"[convergence] {run.name}: {study.convergence_factor}x as long", flush=True)
+        run_convergence(study, run, data_dir, out_dir)
+    keep_convergence_results(run, out_dir, kept_file)
+
+
 def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, aggregate_only=False, command=None):
-    """Run (or resume) every selected run of the grid, then aggregate all finished runs into the report."""
+    """
+    Run (or resume) every selected run of the grid, then aggregate all finished runs into the report.
+    The report folder keeps each finished run's results (KEPT_RUNS_DIR, KEPT_CONVERGENCE_DIR), and only those are
+    aggregated: the report folder alone, without OUTPUT_DIR, redoes the document and continues the study.
+    """
     study = load_study_config(recipe)
     data_dir, output_dir = Path(data_dir), Path(output_dir)
+    report_dir = Path(report_dir) if report_dir else output_dir / "report"
     if not data_dir.is_dir():
         raise FileNotFoundError(f"--data_dir {data_dir} is not a folder; pass the folder holding the study's texts.")
     selected = [run for run in study.runs() if runs_pattern is None or re.search(runs_pattern, run.name)]
@@ -425,37 +499,31 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
         raise TwoTowerUserError(f"--runs {runs_pattern!r} selects none of the grid's runs: {names}.")
     checks = {run.family: run for run in convergence_runs(study)
               if runs_pattern is None or re.search(runs_pattern, run.name)}
-    if not aggregate_only:
-        for index, run in enumerate(selected, 1):
-            run_dir = output_dir / "runs" / run.name
-            if (run_dir / RUN_SUMMARY).is_file():
-                print(f"[{index}/{len(selected)}] {run.name}: finished earlier, kept")
-            else:
-                print(f"[{index}/{len(selected)}] {run.name}: running in {run_dir}", flush=True)
-                run_one(study, run, data_dir, run_dir)
-            lead = study.lead_family(run.family)
-            if lead in checks and all(study.lead_family(later.family) != lead for later in selected[index:]):
-                check = checks.pop(lead)  # the family's runs are done: its convergence check follows
-                print(f"[convergence] {check.name}: {study.convergence_factor}x as long", flush=True)
-                run_convergence(study, check, data_dir, output_dir / CONVERGENCE_DIR / check.name)
+    kept_runs, kept_convergence = report_dir / KEPT_RUNS_DIR, report_dir / KEPT_CONVERGENCE_DIR
+    for index, run in enumerate(selected, 1):
+        finish_run(study, run, data_dir, output_dir, kept_runs / run.name, aggregate_only,
+                   f"[{index}/{len(selected)}]")
+        lead = study.lead_family(run.family)
+        if lead in checks and all(study.lead_family(later.family) != lead for later in selected[index:]):
+            check = checks.pop(lead)  # the family's runs are done: its convergence check follows
+            finish_convergence(study, check, data_dir, output_dir, kept_convergence / f"{check.name}.json",
+                               aggregate_only)
     summaries = [
-        load_run_summary(output_dir / "runs" / run.name / RUN_SUMMARY)
+        load_run_summary(kept_runs / run.name / RUN_SUMMARY)
         for run in study.runs()
-        if (output_dir / "runs" / run.name / RUN_SUMMARY).is_file()
+        if (kept_runs / run.name / RUN_SUMMARY).is_file()
     ]
     if not summaries:
-        raise FileNotFoundError(f"No finished run in {output_dir / 'runs'}; run the study without --aggregate_only.")
+        raise FileNotFoundError(
+            f"No finished run in {output_dir / 'runs'} or {kept_runs}; run the study without --aggregate_only."
+        )
     convergence = [
-        {"family": run.family, "seed": run.seed, "eval_history": read_eval_history(folder / "pretrain"),
-         "max_train_steps": saved_model_steps(folder / "pretrain" / FINAL_MODEL_DIR)}
+        json.loads(path.read_text())
         for run in convergence_runs(study)
-        if ((folder := output_dir / CONVERGENCE_DIR / run.name) / "pretrain" / TRAIN_RESULT).is_file()
+        if (path := kept_convergence / f"{run.name}.json").is_file()
     ]
-    tokenizer = load_tokenizer(str(output_dir / "runs" / summaries[0]["run"]["name"] / "pretrain" / FINAL_MODEL_DIR))
-    unigram = unigram_cross_entropy(tokenizer, *training_texts(study, data_dir).values())
     return write_study_report(
-        summaries, output_dir / "runs", Path(report_dir) if report_dir else output_dir / "report", command, study,
-        convergence, unigram,
+        summaries, kept_runs, report_dir, command, study, convergence, summaries[0]["unigram_cross_entropy_nats"]
     )
 
 
@@ -464,9 +532,11 @@ def main(argv=None):
     parser.add_argument("--recipe", default="cpu", help="a study recipe name (evaluation/study_recipes) or YAML path")
     parser.add_argument("--data_dir", required=True, help="folder the recipe's text paths are relative to")
     parser.add_argument("--output_dir", required=True, help="runs go to OUTPUT_DIR/runs")
-    parser.add_argument("--report_dir", help="where the results document goes (default OUTPUT_DIR/report)")
+    parser.add_argument("--report_dir", help="where the results document and each finished run's results go "
+                        "(default OUTPUT_DIR/report); the study continues from the runs this folder keeps")
     parser.add_argument("--runs", help="run only the runs whose name matches this regular expression")
-    parser.add_argument("--aggregate_only", action="store_true", help="only aggregate the runs already finished")
+    parser.add_argument("--aggregate_only", action="store_true", help="only aggregate the runs already finished "
+                        "(kept in the report folder or finished in OUTPUT_DIR)")
     args = parser.parse_args(argv)
     command = "python -m twotower.evaluation.study " + shlex.join(sys.argv[1:] if argv is None else argv)
     report_path = run_study(

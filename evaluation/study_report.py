@@ -14,6 +14,9 @@ Layout of the report folder:
                             arms, every seed, at every trajectory step
     convergence.png         validation loss of each family's first run and of its convergence run, twice as long
     categories_FAMILY.png   which token categories each tower prefers (first seed, first evaluation text)
+    runs/RUN/               what the document reads of each finished run: run.json, scores/TEXT/ (the scoring
+                            command's preference.json and per-token table, gzipped)
+    convergence/RUN.json    each convergence run's validation curve
 """
 
 import json
@@ -27,9 +30,6 @@ import torch
 from matplotlib import pyplot as plt
 
 from twotower.training.atomic import write_text_atomically
-from twotower.training.checkpointing import FINAL_MODEL_DIR
-from twotower.training.loading import load_two_tower_config
-from twotower.training.objectives import objective_of
 
 from .report import eligible_preferences, load_report, save_figure, template_environment, tower_columns
 from .study_verdicts import (
@@ -382,7 +382,7 @@ def text_verdicts(summaries, runs_dir, text, study):
     return verdicts
 
 
-def family_quality(summaries, runs_dir, family, control, text, unigram_entropy):
+def family_quality(summaries, family, control, text, unigram_entropy):
     """The family's (and its control's) model quality at the end of pretraining, averaged over seeds: joint
     perplexity on `text`, validation loss; for masked transformers, that loss against the unigram cross-entropy."""
     def mean_of(name, value):
@@ -396,9 +396,8 @@ def family_quality(summaries, runs_dir, family, control, text, unigram_entropy):
         "validation_loss_nats": loss,
         "unigram_entropy_nats": unigram_entropy,
     }
-    first = next(summary for summary in summaries if summary["run"]["family"] == family)
-    config = load_two_tower_config(runs_dir / first["run"]["name"] / "pretrain" / FINAL_MODEL_DIR)
-    if objective_of(config) == "masked" and config.tower_type == "transformer":
+    model = next(summary for summary in summaries if summary["run"]["family"] == family)["model"]
+    if model == {"objective": "masked", "tower_type": "transformer"}:
         quality["masked_loss_nats"] = loss
         quality["masked_below_unigram_nats"] = None if unigram_entropy is None else unigram_entropy - loss
         quality["meets_masked_criterion"] = None if unigram_entropy is None else bool(
@@ -475,7 +474,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     verdicts_by_text = {text: text_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
     for text, by_family in verdicts_by_text.items():
         for family, verdict in by_family.items():
-            verdict |= family_quality(summaries, runs_dir, family, verdict["control"], text, unigram_entropy)
+            verdict |= family_quality(summaries, family, verdict["control"], text, unigram_entropy)
     verdicts = verdicts_by_text[primary]
     for family, verdict in verdicts.items():
         verdict["matched_quality"] = matched_quality(trajectory, family, verdict["control"])

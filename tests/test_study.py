@@ -1,6 +1,7 @@
 """The study driver end to end on a micro grid: probe replicas, one scoring code path, resume, aggregation, errors."""
 
 import dataclasses
+import gzip
 import json
 import shutil
 
@@ -272,6 +273,45 @@ def test_finished_runs_are_not_repeated(micro_study, monkeypatch):
     before = (micro_study["report"].parent / "study.json").read_text()
     run_study(micro_study["recipe"], micro_study["data_dir"], micro_study["output_dir"], command="micro study")
     assert (micro_study["report"].parent / "study.json").read_text() == before
+
+
+def test_the_report_folder_alone_redoes_the_document_and_continues_the_study(micro_study, monkeypatch, tmp_path):
+    """A fresh clone holds the committed report folder, not OUTPUT_DIR: nothing finished is redone from it."""
+    def fail(*args, **kwargs):
+        raise AssertionError("finished work was done again")
+
+    report_dir = tmp_path / "report"
+    shutil.copytree(micro_study["report"].parent, report_dir)
+    monkeypatch.setattr(study_module, "training_function", fail)
+    monkeypatch.setattr(study_module, "score_model", fail)
+    run_study(micro_study["recipe"], micro_study["data_dir"], tmp_path / "empty", report_dir, command="micro study")
+    for name in ("study.json", "STUDY.md"):
+        assert (report_dir / name).read_text() == (micro_study["report"].parent / name).read_text()
+    assert not (tmp_path / "empty").exists()
+
+    kept = json.loads((report_dir / "runs" / "causal-t2-s0" / "run.json").read_text())
+    assert kept["model"] == {"objective": "causal", "tower_type": "transformer"}
+    assert {key: value for key, value in kept.items() if key not in ("model", "unigram_cross_entropy_nats")} == (
+        run_summary(micro_study, "causal-t2-s0"))
+    verdict = json.loads((report_dir / "study.json").read_text())["verdicts"]["causal"]
+    assert verdict["unigram_entropy_nats"] == kept["unigram_cross_entropy_nats"] > 0
+    for text in MICRO_STUDY["eval_texts"]:
+        source, copy = (folder / "scores" / text for folder in (micro_study["output_dir"] / "runs" / "causal-t2-s0",
+                                                                  report_dir / "runs" / "causal-t2-s0"))
+        assert sorted(path.name for path in copy.iterdir()) == ["preference.json", "preference_per_token.csv.gz"]
+        assert (copy / "preference.json").read_bytes() == (source / "preference.json").read_bytes()
+        table = gzip.decompress((copy / "preference_per_token.csv.gz").read_bytes())
+        assert table == (source / "preference_per_token.csv").read_bytes()
+    long_run = json.loads((report_dir / "convergence" / "causal-t2-s0.json").read_text())
+    assert long_run["eval_history"] == read_eval_history(micro_study["output_dir"] / "convergence" / "causal-t2-s0"
+                                                         / "pretrain")
+
+    # a run finished in OUTPUT_DIR whose results the report folder lacks: kept again, identical, nothing rerun
+    shutil.rmtree(report_dir / "runs" / "control-t2-s0")
+    (report_dir / "convergence" / "causal-t2-s0.json").unlink()
+    run_study(micro_study["recipe"], micro_study["data_dir"], micro_study["output_dir"], report_dir,
+              aggregate_only=True, command="micro study")
+    assert (report_dir / "study.json").read_text() == (micro_study["report"].parent / "study.json").read_text()
 
 
 def test_an_interrupted_run_reuses_its_finished_phases_and_score_folders(micro_study, monkeypatch, tmp_path):
