@@ -44,17 +44,19 @@ def test_checkpoints_from_before_the_head_modules_load_to_the_same_numbers(name,
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     expected = load_file(f"{FIXTURES}/{name}/expected.safetensors")
     logits, probe_logprobs = outputs_on_the_fixed_input(model.eval(), expected)
-    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=0)
-    torch.testing.assert_close(probe_logprobs, expected["probe_logprobs"], rtol=0, atol=0)
+    # the expected outputs were computed on another CPU, whose float kernels round differently in the last bits
+    # (~1e-7 here); a weight loaded under a wrong name would be off by whole units
+    torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(probe_logprobs, expected["probe_logprobs"], rtol=1e-5, atol=1e-6)
 
-    # saved again, the checkpoint holds the current names and reloads to the same numbers
+    # saved again, the checkpoint holds the current names and reloads to exactly the same numbers
     model.save_pretrained(tmp_path)
     assert not any(key.startswith(("fusion_", "tower_lm_heads.")) for key in load_file(tmp_path / "model.safetensors"))
     reloaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    logits, probe_logprobs = outputs_on_the_fixed_input(reloaded.eval(), expected)
-    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=0)
-    torch.testing.assert_close(probe_logprobs, expected["probe_logprobs"], rtol=0, atol=0)
+    reloaded_logits, reloaded_probe_logprobs = outputs_on_the_fixed_input(reloaded.eval(), expected)
+    torch.testing.assert_close(reloaded_logits, logits, rtol=0, atol=0)
+    torch.testing.assert_close(reloaded_probe_logprobs, probe_logprobs, rtol=0, atol=0)
 
 
 def test_the_config_chooses_the_head_once():
@@ -81,3 +83,27 @@ def test_head_loss_is_the_token_mean_cross_entropy_or_the_sum_over_num_items(coo
     num_items = int((labels != -100).sum())
     summed = model(input_ids, labels=labels, num_items_in_batch=2 * num_items).loss
     torch.testing.assert_close(summed, output.loss / 2, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cooperative", [True, False], ids=["fusion", "independent"])
+def test_sparse_prediction_gives_the_dense_loss_gradients_and_labelled_logits(cooperative):
+    dense = tiny_model(TwoTowerForMaskedLM, cooperative=cooperative, hidden_dropout=0.0, attention_dropout=0.0)
+    sparse = tiny_model(TwoTowerForMaskedLM, cooperative=cooperative, hidden_dropout=0.0, attention_dropout=0.0,
+                        sparse_prediction=True)
+    generator = torch.Generator().manual_seed(2)
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    labels = input_ids.masked_fill(torch.rand(BATCH, SEQ, generator=generator) > 0.3, -100)
+    labelled = labels != -100
+    dense_output, sparse_output = dense.train()(input_ids, labels=labels), sparse.train()(input_ids, labels=labels)
+
+    assert sparse_output.logits.shape == (int(labelled.sum()), VOCAB)
+    torch.testing.assert_close(sparse_output.logits, dense_output.logits[labelled], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sparse_output.loss, dense_output.loss, rtol=1e-6, atol=1e-6)
+    dense_output.loss.backward()
+    sparse_output.loss.backward()
+    for (name, dense_parameter), sparse_parameter in zip(dense.named_parameters(), sparse.parameters()):
+        torch.testing.assert_close(sparse_parameter.grad, dense_parameter.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+    # without labels (inference, validation) the logits cover every position
+    with torch.no_grad():
+        torch.testing.assert_close(sparse.eval()(input_ids).logits, dense.eval()(input_ids).logits)
