@@ -125,6 +125,7 @@ class TwoTowerConfig(PretrainedConfig):
         lstm_hidden_size: int | None = None,  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
+        sparse_prediction: bool = False,  # masked LM given labels: head and loss on the labelled positions only
         probe_replicas: int = 1,  # probes per tower, each with its own initial weights (replica-level statistics)
         probe_type: str = "mlp",  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
         probe_training_steps: int | None = None,  # set by the probe phase before it saves; None: probes never trained
@@ -154,6 +155,7 @@ class TwoTowerConfig(PretrainedConfig):
         self.lstm_hidden_size = lstm_hidden_size
         self.bidirectional = bidirectional
         self.cooperative = cooperative
+        self.sparse_prediction = sparse_prediction
         self.probe_replicas = probe_replicas
         self.probe_type = probe_type
         self.probe_training_steps = probe_training_steps

@@ -476,7 +476,8 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         labels (`torch.LongTensor` of shape `[batch, seq]`, *optional*):
             The original token ids at masked positions and -100 elsewhere (transformers'
             `DataCollatorForLanguageModeling` makes them); with `num_items_in_batch` the loss is a sum over
-            tokens divided by it.
+            tokens divided by it. With `config.sparse_prediction` the logits are those of the labelled positions
+            only, `[labelled positions, vocab]` in row-major order, and the loss is unchanged.
         """
         check_labels(self.config, input_ids, inputs_embeds, labels)
         outputs = self.model(
@@ -490,7 +491,15 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             output_tower_hidden_states=output_tower_hidden_states,
             return_dict=True,
         )
-        logits, loss = self.lm_head(outputs.last_hidden_state, labels, 0, kwargs.get("num_items_in_batch"))
+        hidden_states = outputs.last_hidden_state
+        if self.config.sparse_prediction and labels is not None:
+            # ModernBERT's sparse prediction: the head's vocabulary projection, the bulk of a small model's compute,
+            # runs on the labelled positions only (15% of them in BERT-style masking); the loss is the same
+            labelled = labels != -100
+            hidden_states, labels = hidden_states[labelled].unsqueeze(0), labels[labelled].unsqueeze(0)
+        logits, loss = self.lm_head(hidden_states, labels, 0, kwargs.get("num_items_in_batch"))
+        if self.config.sparse_prediction and labels is not None:
+            logits = logits[0]  # [labelled positions, vocab]
         return lm_output(outputs, logits, loss)
 
     def probe_logprobs(

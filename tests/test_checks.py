@@ -41,6 +41,7 @@ BAD_TRAINING_OPTIONS = {
     "tokenizer smaller than its bytes": ("tokenizer_vocab_size", "100", "`tokenizer_vocab_size` must be >= 257"),
     "repository id with a space": ("hub_model_id", "me/my model", "`hub_model_id` is 'me/my model'; pass `user/name`"),
     "text for a number": ("learning_rate", "fast", "invalid float value: 'fast'"),
+    "sparse prediction of a causal LM": ("sparse_prediction", "true", "predicts masked positions only; the objective"),
 }
 
 
