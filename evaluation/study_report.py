@@ -45,6 +45,7 @@ RECURRENCE_GROUPINGS = ("kind", "frequency", "case")  # the groupings whose recu
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
 STUDY_TEMPLATE = "study.md.j2"
+STUDY_PLOTS = ("noise_floor.png", "trajectory.png", "convergence.png", "categories_*.png")  # what the study draws
 
 
 def _fmt(value, digits=3):
@@ -528,7 +529,18 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         "top_types": preferred,
     }
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(results, indent=2) + "\n")
-    return write_text_atomically(report_dir / STUDY_MD, document)
+    written = write_text_atomically(report_dir / STUDY_MD, document)
+    remove_stale_plots(report_dir, document)
+    return written
+
+
+def remove_stale_plots(report_dir, document):
+    """Delete the plots an earlier document had and this one does not show (a family whose runs are gone, a
+    convergence plot without a convergence run), so the folder holds only what the document describes."""
+    for pattern in STUDY_PLOTS:
+        for plot in report_dir.glob(pattern):
+            if f"]({plot.name})" not in document:
+                plot.unlink()
 
 
 def _without_bootstrap_values(verdicts):

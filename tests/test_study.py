@@ -313,6 +313,16 @@ def test_the_report_folder_alone_redoes_the_document_and_continues_the_study(mic
               aggregate_only=True, command="micro study")
     assert (report_dir / "study.json").read_text() == (micro_study["report"].parent / "study.json").read_text()
 
+    # a family whose kept runs are gone leaves the document, and its plot the folder; other files stay
+    assert (report_dir / "categories_control.png").is_file()
+    (report_dir / "my_notes.png").write_bytes(b"mine")
+    shutil.rmtree(report_dir / "runs" / "control-t2-s0")
+    run_study(micro_study["recipe"], micro_study["data_dir"], tmp_path / "empty", report_dir, aggregate_only=True,
+              command="micro study")
+    assert json.loads((report_dir / "study.json").read_text())["verdicts"]["causal"]["control_reliability"] is None
+    assert not (report_dir / "categories_control.png").exists() and (report_dir / "categories_causal.png").is_file()
+    assert (report_dir / "my_notes.png").read_bytes() == b"mine"
+
 
 def test_an_interrupted_run_reuses_its_finished_phases_and_score_folders(micro_study, monkeypatch, tmp_path):
     name = "causal-t2-s0"
