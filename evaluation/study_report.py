@@ -117,6 +117,13 @@ def run_minutes(summary):
     return None if None in seconds else sum(seconds) / 60
 
 
+def compute_minutes(frame):
+    """(total, longest) wall-clock minutes of the runs whose time is known; None, None when none is. The frame has
+    one row per run and text: each run counts once."""
+    minutes = frame.drop_duplicates("run")["run_minutes"].dropna()
+    return (minutes.sum(), minutes.max()) if len(minutes) else (None, None)
+
+
 def category_rows(summaries, runs_dir, text):
     """Per family (its first tower count): token categories of each seed, towers aligned to the first seed's."""
     by_family = {}
@@ -487,7 +494,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     plot_trajectory(trajectory, study, report_dir / "trajectory.png")
     if checks:
         plot_convergence(checks, report_dir / "convergence.png")
-    minutes = frame["run_minutes"].dropna()
+    total_minutes, longest_run_minutes = compute_minutes(frame)
     preferred = top_types(runs_dir, summaries, primary)
     document = render_template(
         STUDY_TEMPLATE,
@@ -507,8 +514,8 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         masked_margin=MASKED_MARGIN_NATS,
         trajectory_table=markdown_table(trajectory_table(trajectory)),
         num_runs=len(summaries),
-        total_minutes=minutes.sum() if len(minutes) else None,
-        longest_run_minutes=minutes.max() if len(minutes) else None,
+        total_minutes=total_minutes,
+        longest_run_minutes=longest_run_minutes,
         runs_table=markdown_table(runs_table(frame)),
         categories=category_sections(categories, report_dir, primary),
         recurrence_table=markdown_table(recurrence_table(recurrence, family_names)) if recurrence else None,

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -16,6 +17,7 @@ from twotower.evaluation import study as study_module
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
+from twotower.evaluation.study_report import compute_minutes, run_rows
 from twotower.evaluation.tower_preference.preference_stats import compare_preferences, compute_preference
 from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
@@ -207,6 +209,24 @@ def test_verdicts_are_the_scoring_commands_figures_with_intervals(micro_study):
     for heading in ("## Verdicts (books, end of training)", "## Convergence", "## Trajectory", "## Runs",
                     "## What the towers take (books)"):
         assert heading in text
+
+
+def test_compute_time_counts_each_run_once_over_its_texts(micro_study):
+    names = ["causal-t2-s0", "causal-t2-s1", "control-t2-s0"]
+    summaries = [run_summary(micro_study, name) for name in names]
+    frame = pd.DataFrame(run_rows(summaries))
+    assert len(frame) == 2 * len(names)  # one row per run and text
+    # every phase's seconds, added here from run.json
+    seconds = []
+    for summary in summaries:
+        phases = [summary["pretrain"]] + [phase for point in summary["trajectory"]
+                                          for phase in (point["probe"], *point["scores"].values())]
+        seconds.append(sum(phase["seconds"] for phase in phases))
+    total, longest = compute_minutes(frame)
+    assert total == pytest.approx(sum(seconds) / 60) and longest == pytest.approx(max(seconds) / 60)
+    frame.loc[frame["run"] == "control-t2-s0", "run_minutes"] = None  # a run reused from an interrupted one
+    assert compute_minutes(frame)[0] == pytest.approx(sum(seconds[:2]) / 60)
+    assert compute_minutes(frame.iloc[:0]) == (None, None)
 
 
 def test_trajectory_models_hold_the_checkpoint_weights(micro_study):
