@@ -117,11 +117,10 @@ def run_minutes(summary):
     return None if None in seconds else sum(seconds) / 60
 
 
-def compute_minutes(frame):
-    """(total, longest) wall-clock minutes of the runs whose time is known; None, None when none is. The frame has
-    one row per run and text: each run counts once."""
-    minutes = frame.drop_duplicates("run")["run_minutes"].dropna()
-    return (minutes.sum(), minutes.max()) if len(minutes) else (None, None)
+def compute_minutes(summaries):
+    """(total, longest) wall-clock minutes of the runs whose time is known; None, None when none is."""
+    minutes = [value for value in map(run_minutes, summaries) if value is not None]
+    return (sum(minutes), max(minutes)) if minutes else (None, None)
 
 
 def category_rows(summaries, runs_dir, text):
@@ -494,7 +493,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     plot_trajectory(trajectory, study, report_dir / "trajectory.png")
     if checks:
         plot_convergence(checks, report_dir / "convergence.png")
-    total_minutes, longest_run_minutes = compute_minutes(frame)
+    total_minutes, longest_run_minutes = compute_minutes(summaries)
     preferred = top_types(runs_dir, summaries, primary)
     document = render_template(
         STUDY_TEMPLATE,
