@@ -7,13 +7,19 @@ LM on the same batches of WikiText-2 blocks, with the same masks (the training c
 prints both validation masked-token losses every `--eval_steps`: equal curves say the slow learning is BERT-style
 masking's at this size, not this package's. Each loss is also given with the validation blocks' positions shuffled
 (one fixed permutation of `position_ids`): a small gap says the model predicts a masked token mostly from which
-tokens surround it, not from their order.
+tokens surround it, not from their order. Before training it prints what count models score at the same masked
+positions (counts from the training blocks, Witten-Bell smoothing, nothing tuned): the add-one unigram, the masked
+input's left neighbour, its right neighbour, and both neighbours: what reading the neighbours in order is worth at
+least.
 
     python -m benchmarks.masked_lm_baseline --tokenizer outputs/tiny-masked/tokenizer --max_train_steps 2000
 """
 
 import argparse
+from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 import torch
 from torch.nn import functional as F
@@ -61,6 +67,50 @@ def masked_token_loss(model, batches, position_ids=None) -> float:
     return nll / tokens
 
 
+def witten_bell(counts: Counter, context_totals: Counter, context_types: Counter, context, target, backoff: float):
+    """P(target | context): (c(context, target) + T(context) backoff) / (c(context) + T(context)), T the types seen."""
+    if context_totals[context] == 0:
+        return backoff
+    types = context_types[context]
+    return (counts[(context, target)] + types * backoff) / (context_totals[context] + types)
+
+
+def context_counts(pairs: list) -> tuple[Counter, Counter, Counter]:
+    """((context, target) counts, per-context totals, per-context numbers of distinct targets)."""
+    counts = Counter(pairs)
+    totals, types = Counter(), Counter()
+    for (context, _), count in counts.items():
+        totals[context] += count
+        types[context] += 1
+    return counts, totals, types
+
+
+def neighbour_count_losses(train_ids: np.ndarray, vocab_size: int, batches: list, mask_token_id: int) -> dict:
+    """
+    Mean masked-token loss (nats) of count models over `batches`' labelled positions, reading the masked input as
+    the model does: a neighbour that is [MASK] or past the block's edge is unknown (the count model backs off).
+    """
+    unigram = (np.bincount(train_ids, minlength=vocab_size) + 1.0) / (len(train_ids) + vocab_size)
+    left = context_counts(list(zip(train_ids[:-1].tolist(), train_ids[1:].tolist())))
+    right = context_counts(list(zip(train_ids[1:].tolist(), train_ids[:-1].tolist())))
+    both = context_counts(list(zip(zip(train_ids[:-2].tolist(), train_ids[2:].tolist()), train_ids[1:-1].tolist())))
+    nll = Counter()
+    tokens = 0
+    for batch in batches:
+        input_ids = F.pad(batch["input_ids"], (1, 1), value=mask_token_id).tolist()
+        for row, column in batch["labels"].ne(-100).nonzero().tolist():
+            target = int(batch["labels"][row, column])
+            before, after = input_ids[row][column], input_ids[row][column + 2]  # padded: column + 1 is the target
+            before, after = (None if t == mask_token_id else t for t in (before, after))
+            p_left = witten_bell(*left, before, target, unigram[target])
+            p_right = witten_bell(*right, after, target, unigram[target])
+            p_both = witten_bell(*both, (before, after), target, (p_left + p_right) / 2)
+            for name, p in (("unigram", unigram[target]), ("left", p_left), ("right", p_right), ("both", p_both)):
+                nll[name] -= np.log(p)
+            tokens += 1
+    return {name: float(value / tokens) for name, value in nll.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", required=True, help="a masked run's saved tokenizer (with <mask> and <pad>)")
@@ -76,6 +126,12 @@ def main():
         validation_collator([blocks["validation"][i] for i in range(start, start + BATCH_BLOCKS)])
         for start in range(0, EVAL_BLOCKS, BATCH_BLOCKS)
     ]
+    train_ids = np.asarray(blocks["train"].with_format("numpy")["input_ids"][:]).reshape(-1)
+    references = neighbour_count_losses(train_ids, len(tokenizer), validation, tokenizer.mask_token_id)
+    print(
+        "Count models at the same masked positions: unigram {unigram:.4f}, left neighbour {left:.4f}, right "
+        "neighbour {right:.4f}, both neighbours {both:.4f} nats".format(**references)
+    )
     models = build_models(padded_vocab_size(tokenizer), tokenizer.pad_token_id)
     optimizers = {name: optimizer_and_schedule(model, args.max_train_steps) for name, model in models.items()}
     shuffled_positions = torch.randperm(BLOCK_SIZE, generator=torch.Generator().manual_seed(1)).unsqueeze(0)

@@ -1,5 +1,6 @@
 """benchmarks/: the baselines, FLOP counts, memory measurement, settings search, report, and the command itself."""
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -7,7 +8,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import bench_speed, settings_search
+from benchmarks import bench_speed, masked_lm_baseline, settings_search
 from benchmarks.baselines import (
     GPT2_EQUAL_FLOPS,
     MODEL_NAMES,
@@ -330,3 +331,21 @@ def test_tower_wide_embedding_brings_the_flops_to_about_gpt2s(size, width):
     # per-tower projections and the fusion layer
     assert training_flops_per_token(TWO_TOWER, paper, 128) / gpt2 > 1.2
     assert 1.0 < training_flops_per_token(TWO_TOWER, narrow, 128) / gpt2 < 1.05
+
+
+def test_neighbour_count_losses_match_hand_counted_witten_bell():
+    # training text 0 1 2 0 1 3 (add-one unigram over 5 types: 3, 3, 2, 2, 1 / 11); one block 0 [MASK] 2 whose
+    # tokens 1 (hidden) and 2 (shown unchanged) are targets; the second's neighbours are [MASK] and the block's edge
+    unigram = {1: 3 / 11, 2: 2 / 11}
+    p_left = (2 + 1 * unigram[1]) / (2 + 1)  # after 0: token 1 twice, one type
+    p_right = (1 + 1 * unigram[1]) / (1 + 1)  # before 2: token 1 once
+    p_both = (1 + 1 * (p_left + p_right) / 2) / (1 + 1)  # between 0 and 2: token 1 once
+    batch = {"input_ids": torch.tensor([[0, 4, 2]]), "labels": torch.tensor([[-100, 1, 2]])}
+    losses = masked_lm_baseline.neighbour_count_losses(np.array([0, 1, 2, 0, 1, 3]), 5, [batch], mask_token_id=4)
+    expected = {
+        "unigram": -(np.log(unigram[1]) + np.log(unigram[2])) / 2,
+        "left": -(np.log(p_left) + np.log(unigram[2])) / 2,
+        "right": -(np.log(p_right) + np.log(unigram[2])) / 2,
+        "both": -(np.log(p_both) + np.log(unigram[2])) / 2,
+    }
+    assert losses == pytest.approx(expected, rel=1e-12)
