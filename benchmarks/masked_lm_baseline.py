@@ -12,6 +12,9 @@ positions (counts from the training blocks, Witten-Bell smoothing, nothing tuned
 input's left neighbour, its right neighbour, and both neighbours: what reading the neighbours in order is worth at
 least.
 
+Each block is masked the same way every time it is drawn (the collator's epoch-0 masks). `--models two-tower` trains
+one of the two, and `--lr_scheduler_type` any transformers schedule (`constant_with_warmup` holds the peak rate).
+
     python -m benchmarks.masked_lm_baseline --tokenizer outputs/tiny-masked/tokenizer --max_train_steps 2000
 """
 
@@ -32,6 +35,7 @@ from twotower.training.tokenizer import padded_vocab_size
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 BLOCK_SIZE, BATCH_BLOCKS, EVAL_BLOCKS, WARMUP_STEPS = 128, 16, 256, 50  # the tiny recipes'
+MODEL_NAMES = ("BertForMaskedLM", "two-tower")
 
 
 def build_models(vocab_size: int, pad_token_id: int) -> dict:
@@ -44,15 +48,15 @@ def build_models(vocab_size: int, pad_token_id: int) -> dict:
     two_tower = TwoTowerForMaskedLM(
         TwoTowerConfig.from_preset("tiny", vocab_size=vocab_size, pad_token_id=pad_token_id, sparse_prediction=True)
     )
-    return {"BertForMaskedLM": bert, "two-tower": two_tower}
+    return dict(zip(MODEL_NAMES, (bert, two_tower)))
 
 
-def optimizer_and_schedule(model, max_train_steps: int):
+def optimizer_and_schedule(model, max_train_steps: int, lr_scheduler_type: str = "linear"):
     matrices = [p for p in model.parameters() if p.ndim > 1]
     others = [p for p in model.parameters() if p.ndim <= 1]
     groups = [{"params": matrices, "weight_decay": 0.01}, {"params": others, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.98))
-    return optimizer, get_scheduler("linear", optimizer, WARMUP_STEPS, max_train_steps)
+    return optimizer, get_scheduler(lr_scheduler_type, optimizer, WARMUP_STEPS, max_train_steps)
 
 
 @torch.no_grad()
@@ -116,6 +120,8 @@ def main():
     parser.add_argument("--tokenizer", required=True, help="a masked run's saved tokenizer (with <mask> and <pad>)")
     parser.add_argument("--max_train_steps", type=int, default=2000)
     parser.add_argument("--eval_steps", type=int, default=250)
+    parser.add_argument("--lr_scheduler_type", default="linear", help="a transformers.get_scheduler name")
+    parser.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=list(MODEL_NAMES), help="which to train")
     args = parser.parse_args()
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.tokenizer)
@@ -132,8 +138,15 @@ def main():
         "Count models at the same masked positions: unigram {unigram:.4f}, left neighbour {left:.4f}, right "
         "neighbour {right:.4f}, both neighbours {both:.4f} nats".format(**references)
     )
-    models = build_models(padded_vocab_size(tokenizer), tokenizer.pad_token_id)
-    optimizers = {name: optimizer_and_schedule(model, args.max_train_steps) for name, model in models.items()}
+    models = {
+        name: model
+        for name, model in build_models(padded_vocab_size(tokenizer), tokenizer.pad_token_id).items()
+        if name in args.models
+    }
+    optimizers = {
+        name: optimizer_and_schedule(model, args.max_train_steps, args.lr_scheduler_type)
+        for name, model in models.items()
+    }
     shuffled_positions = torch.randperm(BLOCK_SIZE, generator=torch.Generator().manual_seed(1)).unsqueeze(0)
     order = torch.Generator().manual_seed(0)
     columns = [f"{name}{kind} (nats)" for name in models for kind in ("", ", shuffled positions")]
