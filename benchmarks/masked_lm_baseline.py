@@ -23,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-
 import torch
 from torch.nn import functional as F
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast, get_scheduler
@@ -138,7 +137,7 @@ def main():
         "Count models at the same masked positions: unigram {unigram:.4f}, left neighbour {left:.4f}, right "
         "neighbour {right:.4f}, both neighbours {both:.4f} nats".format(**references)
     )
-    models = {
+    models = {  # both built either way, so a model trained alone starts from the same weights
         name: model
         for name, model in build_models(padded_vocab_size(tokenizer), tokenizer.pad_token_id).items()
         if name in args.models
