@@ -100,13 +100,18 @@ class ModelFamily:
     pretrain_recipe: str  # a training recipe name (training/recipes) or YAML path
     probe_recipe: str
     overrides: dict = field(default_factory=dict)  # training options over this family's pretrain recipe
+    # training options over this family's probe recipe (after the study's `probe`), e.g. the block_size of a family
+    # pretrained on shorter blocks than its probe recipe's
+    probe_overrides: dict = field(default_factory=dict)
     control_of: str | None = None  # the family this one is the independent-towers control of
 
 
 @dataclass
 class EvalText:
     file: str  # a .txt file, folder or glob, relative to --data_dir
-    max_blocks: int | None = None  # score this many blocks, evenly spaced over the text; None = all
+    # score about this many tokens: max_tokens // block_size blocks (the probe model's blocks) evenly spaced over the
+    # text, the same text for families of different block sizes; None = all
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -126,6 +131,13 @@ class StudyConfig:
     scoring: dict = field(default_factory=dict)  # ScoringArguments fields (batch_size, min_count, alpha, ...)
 
     def __post_init__(self):
+        for name, text in self.eval_texts.items():
+            if "max_blocks" in text:
+                raise TwoTowerUserError(
+                    f"The study recipe's eval_texts.{name} sets max_blocks={text['max_blocks']}; set max_tokens "
+                    f"instead (e.g. max_tokens: {text['max_blocks'] * 128} for {text['max_blocks']} blocks of 128 "
+                    "tokens): families may use different block sizes, and each scores the same amount of text."
+                )
         self.eval_texts = {name: EvalText(**text) for name, text in self.eval_texts.items()}
         self.families = {name: ModelFamily(**family) for name, family in self.families.items()}
         if not self.eval_texts:
@@ -168,7 +180,7 @@ class StudyConfig:
         if fixed:
             raise TwoTowerUserError(
                 f"The study recipe's `scoring` sets {fixed}, which the study sets itself (the probe model, the score "
-                "folder, each text and its max_blocks spread over the text, centered preferences); drop them."
+                "folder, each text and its blocks spread over the text, centered preferences); drop them."
             )
 
     def runs(self) -> list["StudyRun"]:
@@ -243,14 +255,16 @@ def train_phase(recipe: str, output_dir: Path, options: dict) -> dict:
     return kept
 
 
-def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_blocks, scoring: dict) -> tuple:
+def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_tokens, scoring: dict) -> tuple:
     """
-    The scoring command's report of one text (centered, max_blocks spread over the text), unless score_dir already
-    holds it; returns the report and the seconds scoring took (None for a reused folder).
+    The scoring command's report of one text (centered, blocks of max_tokens tokens spread over the text), unless
+    score_dir already holds it; returns the report and the seconds scoring took (None for a reused folder).
     """
     if (score_dir / PREFERENCE_JSON).is_file() and (score_dir / PER_TOKEN_CSV).is_file():
         return json.loads((score_dir / PREFERENCE_JSON).read_text()), None
-    options = {"block_size": read_training_config(probe_model_dir)["block_size"], "disable_tqdm": True, **scoring}
+    block_size = read_training_config(probe_model_dir)["block_size"]
+    max_blocks = None if max_tokens is None else max(1, max_tokens // block_size)
+    options = {"block_size": block_size, "disable_tqdm": True, **scoring}
     start = time.perf_counter()
     report = score_model(
         probe_model_dir,
@@ -346,17 +360,17 @@ def saved_model_steps(model_dir: Path) -> int:
 
 def probe_and_score(study, run, data, data_dir, model_dir: Path, out_dir: Path, texts: list[str]) -> dict:
     """Train the probe replicas on a frozen model and score `texts`: the probe run's result and each text's figures."""
+    family = study.families[run.family]
+    options = {**study.probe, **family.probe_overrides, **data, **QUIET}
     probe = train_phase(
-        study.families[run.family].probe_recipe,
-        out_dir / "probe",
-        {**study.probe, **data, **QUIET, "seed": run.seed, "pretrained_model": str(model_dir)},
+        family.probe_recipe, out_dir / "probe", {**options, "seed": run.seed, "pretrained_model": str(model_dir)}
     )
     scores = {}
     for name in texts:
         text = study.eval_texts[name]
         report, seconds = score_text(
             out_dir / "probe" / FINAL_MODEL_DIR, out_dir / "scores" / name, data_path(data_dir, text.file),
-            text.max_blocks, study.scoring,
+            text.max_tokens, study.scoring,
         )
         scores[name] = text_figures(report, seconds)
     return {"probe": probe, "scores": scores}

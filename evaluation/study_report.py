@@ -252,12 +252,18 @@ def category_sections(by_family, report_dir, text):
 
 
 def _category_side(frame, category):
-    """(q-value of the category's split, the side: does it lean to the reference's tower 0?) in one seed."""
+    """
+    (q-value of the category's split, its side: does a larger share of its types prefer the reference's tower 0 than
+    of all the grouping's types?) in one seed. The side is the test's direction, not the sign of the mean
+    preference: centering on occurrences makes the frequent types' mean preference about 0 whichever way they split.
+    """
     match = frame[frame["category"] == category]
     if match.empty:
         return None
-    tower = int(match["tower_of_reference_0"].iloc[0])
-    return float(match["q_value"].iloc[0]), bool(match[f"mean_preference_tower{tower}"].iloc[0] > 0)
+    preferring = f"num_preferring_tower{int(match['tower_of_reference_0'].iloc[0])}"
+    share = match[preferring].iloc[0] / match["num_types"].iloc[0]
+    overall_share = frame[preferring].sum() / frame["num_types"].sum()
+    return float(match["q_value"].iloc[0]), bool(share > overall_share)
 
 
 def category_recurrence(by_family, groupings=RECURRENCE_GROUPINGS):

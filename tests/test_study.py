@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -16,24 +17,34 @@ from twotower.evaluation import study as study_module
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
-from twotower.evaluation.study_report import compute_minutes, run_rows
+from twotower.evaluation.study_report import category_recurrence, compute_minutes, run_rows
 from twotower.evaluation.tower_preference.preference_stats import compare_preferences, compute_preference
 from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
-from twotower.training.loading import load_two_tower
+from twotower.training.loading import load_two_tower, read_training_config
 from twotower.training.run_folder import read_eval_history
 from twotower.training.tokenizer import load_tokenizer
 
 
 NUM_REPLICAS = 2
-BOOKS_BLOCKS = 12
+BOOKS_BLOCKS = 12  # of the causal family's 128 tokens
+CONTROL_BLOCK_SIZE = 64  # the control pretrains, probes and scores on shorter blocks
 MICRO_STUDY = {
     "train_file": "wiki/train.txt",
     "validation_file": "wiki/valid.txt",
-    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_blocks": BOOKS_BLOCKS}},
+    "eval_texts": {
+        "wiki-test": {"file": "wiki/test.txt"},
+        "books": {"file": "books", "max_tokens": BOOKS_BLOCKS * 128},
+    },
     "families": {
         "causal": {"pretrain_recipe": "tiny", "probe_recipe": "tiny_probe"},
-        "control": {"pretrain_recipe": "tiny_control", "probe_recipe": "tiny_control_probe", "control_of": "causal"},
+        "control": {
+            "pretrain_recipe": "tiny_control",
+            "probe_recipe": "tiny_control_probe",
+            "control_of": "causal",
+            "overrides": {"block_size": CONTROL_BLOCK_SIZE, "max_position_embeddings": CONTROL_BLOCK_SIZE},
+            "probe_overrides": {"block_size": CONTROL_BLOCK_SIZE},
+        },
     },
     "grid": [{"family": "causal", "seeds": [0, 1]}, {"family": "control", "seeds": [0]}],
     "trajectory": [0.5, 1.0],
@@ -152,6 +163,16 @@ def test_run_figures_are_the_scoring_commands_and_match_an_independent_computati
     assert figures["num_blocks"] == BOOKS_BLOCKS
 
 
+def test_a_family_on_shorter_blocks_probes_and_scores_the_same_text_on_its_own_blocks(micro_study):
+    run_dir = micro_study["output_dir"] / "runs" / "control-t2-s0"
+    for phase in ("pretrain", "probe"):
+        assert read_training_config(run_dir / phase / "model")["block_size"] == CONTROL_BLOCK_SIZE
+    books = run_summary(micro_study, "control-t2-s0")["scores"]["books"]
+    assert books["num_blocks"] == BOOKS_BLOCKS * 128 // CONTROL_BLOCK_SIZE
+    assert books["num_predictions"] == pytest.approx(
+        run_summary(micro_study, "causal-t2-s0")["scores"]["books"]["num_predictions"], rel=0.05)
+
+
 def test_one_probe_run_trains_distinct_replicas_and_stops_on_validation_loss(micro_study):
     run_dir = micro_study["output_dir"] / "runs" / "causal-t2-s0"
     assert sorted(path.name for path in run_dir.iterdir()) == ["pretrain", "probe", "run.json", "scores", "trajectory"]
@@ -259,6 +280,28 @@ def test_convergence_run_is_twice_as_long_and_compared_at_both_ends(micro_study)
     assert check["long_loss"] == long_history[-1]["loss"] and long_history[-1]["step"] == 12
     assert check["loss"] == run_summary(micro_study, "causal-t2-s0")["pretrain"]["eval_history"][-1]["loss"]
     assert check["relative_gap"] == pytest.approx((check["loss"] - check["long_loss"]) / check["long_loss"])
+
+
+def test_a_category_recurs_when_its_types_lean_to_the_same_matched_tower_in_two_seeds():
+    def seed(reference_tower, frequent_preferring, other_preferring, frequent_mean):
+        # preferring counts are of the tower matched to the first seed's tower 0; the frequent types' mean preference
+        # for it has the sign of `frequent_mean` whichever way their counts lean
+        other_tower = 1 - reference_tower
+        rows = [("frequent", 100, frequent_preferring, frequent_mean), ("other", 900, other_preferring, 0.01)]
+        return {"frequency": pd.DataFrame([{
+            "category": category, "num_types": types, f"num_preferring_tower{reference_tower}": preferring,
+            f"num_preferring_tower{other_tower}": types - preferring, f"mean_preference_tower{reference_tower}": mean,
+            f"mean_preference_tower{other_tower}": -mean, "q_value": 0.001, "tower_of_reference_0": reference_tower,
+        } for category, types, preferring, mean in rows])}
+
+    # 60 and 55 of the 100 frequent types prefer the matched tower, against 24% and 20.5% of all types
+    by_family = {("masked", 2): {"s0": seed(0, 60, 180, -0.01), "s1": seed(1, 55, 150, 0.02)}}
+    rows = {row["category"]: row["masked"] for row in category_recurrence(by_family, groupings=("frequency",))}
+    assert rows["frequent"] == {"significant_seeds": 2, "seeds": 2, "same_side": True, "recurs": True}
+    assert rows["other"]["recurs"]
+    opposite = {("masked", 2): {"s0": seed(0, 60, 180, 0.01), "s1": seed(1, 10, 250, 0.02)}}
+    rows = {row["category"]: row["masked"] for row in category_recurrence(opposite, groupings=("frequency",))}
+    assert not rows["frequent"]["same_side"] and not rows["frequent"]["recurs"]
 
 
 def test_token_categories_of_every_seed(micro_study):
@@ -376,6 +419,9 @@ def test_an_interrupted_run_reuses_its_finished_phases_and_score_folders(micro_s
 def test_old_recipes_and_runs_get_clear_errors(micro_study, tmp_path):
     with pytest.raises(ValueError, match="`probe_seed_offset`, which the study no longer has"):
         load_study_config(write_recipe(tmp_path / "old.yaml", probe_seed_offset=1000))
+    old_texts = {"books": {"file": "books", "max_blocks": 12}}
+    with pytest.raises(ValueError, match="eval_texts.books sets max_blocks=12; set max_tokens instead"):
+        load_study_config(write_recipe(tmp_path / "blocks.yaml", eval_texts=old_texts))
     probe_options = {key: value for key, value in MICRO_STUDY["probe"].items() if key != "probe_replicas"}
     with pytest.raises(ValueError, match="probe_replicas=None"):
         load_study_config(write_recipe(tmp_path / "single.yaml", probe=probe_options))
@@ -408,7 +454,7 @@ def test_shipped_study_recipes_load_with_valid_training_options(recipe):
     for family in study.families.values():
         pretrain_options = {**study.pretrain, **family.overrides}
         dataclasses.replace(load_config(family.pretrain_recipe), **pretrain_options)
-        probe = dataclasses.replace(load_config(family.probe_recipe), **study.probe)
+        probe = dataclasses.replace(load_config(family.probe_recipe), **{**study.probe, **family.probe_overrides})
         assert probe.phase == "probe" and probe.probe_replicas == study.probe["probe_replicas"]
     if recipe == "cpu":  # family by family, each cooperative family with its control, seed-major
         assert [run.name for run in study.runs()][:3] == ["causal-t2-s0", "causal_control-t2-s0", "causal-t2-s1"]
