@@ -13,7 +13,8 @@ input's left neighbour, its right neighbour, and both neighbours: what reading t
 least.
 
 Each block is masked the same way every time it is drawn (the collator's epoch-0 masks). `--models two-tower` trains
-one of the two, and `--lr_scheduler_type` any transformers schedule (`constant_with_warmup` holds the peak rate).
+one of the two, `--lr_scheduler_type` any transformers schedule (`constant_with_warmup` holds the peak rate), and
+`--block_size` shorter blocks (the same tokens a step and per evaluation: 16 x 128 / block_size blocks a step).
 
     python -m benchmarks.masked_lm_baseline --tokenizer outputs/tiny-masked/tokenizer --max_train_steps 2000
 """
@@ -33,20 +34,21 @@ from twotower.training.objectives import make_collators
 from twotower.training.tokenizer import padded_vocab_size
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
-BLOCK_SIZE, BATCH_BLOCKS, EVAL_BLOCKS, WARMUP_STEPS = 128, 16, 256, 50  # the tiny recipes'
+BLOCK_SIZE, BATCH_TOKENS, EVAL_TOKENS, WARMUP_STEPS = 128, 16 * 128, 256 * 128, 50  # the tiny recipes'
 MODEL_NAMES = ("BertForMaskedLM", "two-tower")
 
 
-def build_models(vocab_size: int, pad_token_id: int) -> dict:
+def build_models(vocab_size: int, pad_token_id: int, block_size: int = BLOCK_SIZE) -> dict:
     torch.manual_seed(0)
     bert = BertForMaskedLM(BertConfig(
         vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
-        max_position_embeddings=BLOCK_SIZE, pad_token_id=pad_token_id,
+        max_position_embeddings=block_size, pad_token_id=pad_token_id,
     ))  # fmt: skip
     torch.manual_seed(0)
-    two_tower = TwoTowerForMaskedLM(
-        TwoTowerConfig.from_preset("tiny", vocab_size=vocab_size, pad_token_id=pad_token_id, sparse_prediction=True)
-    )
+    two_tower = TwoTowerForMaskedLM(TwoTowerConfig.from_preset(
+        "tiny", vocab_size=vocab_size, pad_token_id=pad_token_id, sparse_prediction=True,
+        max_position_embeddings=block_size,
+    ))  # fmt: skip
     return dict(zip(MODEL_NAMES, (bert, two_tower)))
 
 
@@ -121,15 +123,19 @@ def main():
     parser.add_argument("--eval_steps", type=int, default=250)
     parser.add_argument("--lr_scheduler_type", default="linear", help="a transformers.get_scheduler name")
     parser.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=list(MODEL_NAMES), help="which to train")
+    parser.add_argument("--block_size", type=int, default=BLOCK_SIZE, help=f"tokens a block, dividing {BLOCK_SIZE}")
     args = parser.parse_args()
+    if args.block_size < 1 or BLOCK_SIZE % args.block_size:
+        parser.error(f"--block_size {args.block_size} must divide {BLOCK_SIZE} (e.g. 32), to keep the tokens a step.")
+    batch_blocks = BATCH_TOKENS // args.block_size
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.tokenizer)
     raw = load_raw_datasets("text", None, str(WIKITEXT / "train.txt"), str(WIKITEXT / "valid.txt"))
-    blocks = tokenize_and_group(raw, tokenizer, BLOCK_SIZE).with_format("torch")
+    blocks = tokenize_and_group(raw, tokenizer, args.block_size).with_format("torch")
     train_collator, validation_collator = make_collators("masked", "transformer", tokenizer, 0.15, seed=42)
     validation = [
-        validation_collator([blocks["validation"][i] for i in range(start, start + BATCH_BLOCKS)])
-        for start in range(0, EVAL_BLOCKS, BATCH_BLOCKS)
+        validation_collator([blocks["validation"][i] for i in range(start, start + batch_blocks)])
+        for start in range(0, EVAL_TOKENS // args.block_size, batch_blocks)
     ]
     train_ids = np.asarray(blocks["train"].with_format("numpy")["input_ids"][:]).reshape(-1)
     references = neighbour_count_losses(train_ids, len(tokenizer), validation, tokenizer.mask_token_id)
@@ -139,20 +145,20 @@ def main():
     )
     models = {  # both built either way, so a model trained alone starts from the same weights
         name: model
-        for name, model in build_models(padded_vocab_size(tokenizer), tokenizer.pad_token_id).items()
+        for name, model in build_models(padded_vocab_size(tokenizer), tokenizer.pad_token_id, args.block_size).items()
         if name in args.models
     }
     optimizers = {
         name: optimizer_and_schedule(model, args.max_train_steps, args.lr_scheduler_type)
         for name, model in models.items()
     }
-    shuffled_positions = torch.randperm(BLOCK_SIZE, generator=torch.Generator().manual_seed(1)).unsqueeze(0)
+    shuffled_positions = torch.randperm(args.block_size, generator=torch.Generator().manual_seed(1)).unsqueeze(0)
     order = torch.Generator().manual_seed(0)
     columns = [f"{name}{kind} (nats)" for name in models for kind in ("", ", shuffled positions")]
     print("| step | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
     for step in range(1, args.max_train_steps + 1):
-        indices = torch.randint(len(blocks["train"]), (BATCH_BLOCKS,), generator=order).tolist()
+        indices = torch.randint(len(blocks["train"]), (batch_blocks,), generator=order).tolist()
         batch = train_collator([blocks["train"][i] for i in indices])
         for name, model in models.items():
             model.train()
