@@ -257,8 +257,8 @@ def train_phase(recipe: str, output_dir: Path, options: dict) -> dict:
 
 def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_tokens, scoring: dict) -> tuple:
     """
-    The scoring command's report of one text (centered, blocks of max_tokens tokens spread over the text), unless
-    score_dir already holds it; returns the report and the seconds scoring took (None for a reused folder).
+    The scoring command's report of one text (centered; blocks holding max_tokens tokens in all, spread over the
+    text), unless score_dir already holds it; returns the report and the seconds scoring took (None for a reused folder).
     """
     if (score_dir / PREFERENCE_JSON).is_file() and (score_dir / PER_TOKEN_CSV).is_file():
         return json.loads((score_dir / PREFERENCE_JSON).read_text()), None
