@@ -306,7 +306,7 @@ def unigram_cross_entropy(tokenizer, train_file: str, validation_file: str) -> f
     def token_counts(path):
         with open(path, encoding="utf-8") as file:
             lines = file.readlines()
-        ids = tokenizer(lines, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(lines, add_special_tokens=False, verbose=False)["input_ids"]  # counts, not model inputs
         return np.bincount(np.concatenate([np.asarray(line, dtype=np.int64) for line in ids]), minlength=len(tokenizer))
 
     train, validation = token_counts(train_file), token_counts(validation_file)

@@ -4,10 +4,13 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
 
+import copy
 from itertools import chain
 from pathlib import Path
 
 import pytest
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 from twotower.training.data import (
     load_raw_datasets,
@@ -110,6 +113,21 @@ def test_blocks_are_the_running_token_stream_cut_in_order(bpe_tokenizer, tmp_pat
     assert len(blocks) == len(stream) // 17
     assert all(len(block) == 17 for block in blocks)
     assert list(chain.from_iterable(blocks)) == stream[: len(blocks) * 17]
+
+
+def test_lines_longer_than_the_model_become_blocks_without_a_length_warning(bpe_tokenizer, tmp_path):
+    lines = _first_lines(WIKITEXT_TRAIN, 60)
+    (tmp_path / "train.txt").write_text("".join(lines))
+    raw_datasets = load_raw_datasets("unused", train_file=str(tmp_path / "train.txt"))
+    tokenizer = copy.deepcopy(bpe_tokenizer)
+    tokenizer.model_max_length = 8  # a model of 8 positions; many lines are longer
+    with CaptureLogger(logging.get_logger("transformers.tokenization_utils_base")) as captured:
+        blocks = tokenize_and_group(raw_datasets, tokenizer, block_size=8)["train"]["input_ids"]
+
+    assert "longer than the specified maximum sequence length" not in captured.out
+    stream = list(chain.from_iterable(bpe_tokenizer(line, add_special_tokens=False)["input_ids"] for line in lines))
+    assert max(len(bpe_tokenizer(line, add_special_tokens=False)["input_ids"]) for line in lines) > 8
+    assert list(chain.from_iterable(blocks)) == stream[: len(blocks) * 8]
 
 
 def test_held_out_blocks_are_fixed_disjoint_and_sized(bpe_tokenizer, tmp_path):

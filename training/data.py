@@ -186,8 +186,10 @@ def tokenize_and_group(
     special = sentence_pair_tokens(tokenizer) if block_format == "sentence_pairs" else None
 
     def tokenize(examples):
-        # No [CLS]/[SEP] around every line: the text is one running stream (sentence pairs add their own).
-        return {"input_ids": tokenizer(examples[text_column_name], add_special_tokens=False)["input_ids"]}
+        # No [CLS]/[SEP] around every line: the text is one running stream (sentence pairs add their own). Lines
+        # longer than the model's positions are expected (blocks are cut below): no warning about them.
+        ids = tokenizer(examples[text_column_name], add_special_tokens=False, verbose=False)["input_ids"]
+        return {"input_ids": ids}
 
     def group_texts(examples):
         concatenated = list(chain.from_iterable(examples["input_ids"]))
