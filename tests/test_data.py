@@ -125,9 +125,9 @@ def test_lines_longer_than_the_model_become_blocks_without_a_length_warning(bpe_
         blocks = tokenize_and_group(raw_datasets, tokenizer, block_size=8)["train"]["input_ids"]
 
     assert "longer than the specified maximum sequence length" not in captured.out
-    stream = list(chain.from_iterable(bpe_tokenizer(line, add_special_tokens=False)["input_ids"] for line in lines))
-    assert max(len(bpe_tokenizer(line, add_special_tokens=False)["input_ids"]) for line in lines) > 8
-    assert list(chain.from_iterable(blocks)) == stream[: len(blocks) * 8]
+    line_ids = [bpe_tokenizer(line, add_special_tokens=False)["input_ids"] for line in lines]
+    assert max(map(len, line_ids)) > 8
+    assert list(chain.from_iterable(blocks)) == list(chain.from_iterable(line_ids))[: len(blocks) * 8]
 
 
 def test_held_out_blocks_are_fixed_disjoint_and_sized(bpe_tokenizer, tmp_path):
