@@ -69,7 +69,6 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
     config_class = TwoTowerConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["TwoTowerDecoderLayer", "TwoTowerLSTMTowers", "TwoTowerELMoTowers"]
     _supports_sdpa = True
     _supports_attention_backend = True
 
@@ -105,6 +104,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         if config.layout == "elmo":
             # No positions: direction norms, shifting and the per-tower projections live in the ELMo towers.
             self.elmo_towers = TwoTowerELMoTowers(config)
+            tower_stack = "TwoTowerELMoTowers"
         else:
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
             if config.layout == "bert":  # gpt: no embedding norm, no projection
@@ -112,10 +112,12 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
                 self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
             if config.tower_type == "lstm":
                 self.lstm_towers = TwoTowerLSTMTowers(config)
+                tower_stack = "TwoTowerLSTMTowers"
             else:
                 self.layers = nn.ModuleList(
                     [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
                 )
+                tower_stack = "TwoTowerDecoderLayer"
         if config.layout == "gpt":  # each tower's final LayerNorm (GPT-2's ln_f)
             self.tower_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
         if config.cooperative:
@@ -124,6 +126,8 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             # The control shares nothing after the embedding, not even normalization statistics.
             self.fusion_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
         self.gradient_checkpointing = False
+        # Only the stack this model holds: device_map and FSDP's wrap policy refuse a class name the model lacks.
+        self._no_split_modules = [tower_stack]
         self.post_init()
 
     def get_input_embeddings(self):

@@ -549,7 +549,7 @@ def test_loading_in_bfloat16(tmp_path):
 def test_device_map_auto_uses_no_split_modules(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     model = TwoTowerForCausalLM.from_pretrained(tmp_path, device_map="auto")
-    assert set(model._no_split_modules) == {"TwoTowerDecoderLayer", "TwoTowerLSTMTowers", "TwoTowerELMoTowers"}
+    assert set(model._no_split_modules) == {"TwoTowerDecoderLayer"}  # the stack it holds (FSDP refuses others)
     assert torch.equal(model(random_ids()).logits, tiny_model()(random_ids()).logits)
 
 

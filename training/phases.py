@@ -3,6 +3,7 @@
 import torch
 from accelerate.utils import DistributedType
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from modeling_twotower import TwoTowerConfig
 
@@ -203,6 +204,20 @@ def trained_state_dict(accelerator, trained) -> dict:
     return {name.removeprefix("_orig_mod."): value for name, value in accelerator.get_state_dict(trained).items()}
 
 
+def plain_model(model: nn.Module) -> nn.Module:
+    """
+    `model` as an instance of its own class. FSDP2's `fully_shard` swaps a module's class for a subclass
+    (`FSDPTwoTowerForCausalLM`, defined in torch's `_fsdp_*` files), which save_pretrained would name in
+    config.json's auto_map and whose files it would copy as the remote code; the copy is built on the meta device and
+    saved with the gathered state dict, so it costs no memory.
+    """
+    if not isinstance(model, FSDPModule):
+        return model
+    model_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+    with torch.device("meta"):
+        return model_class(model.config)
+
+
 def final_model_and_state_dict(
     accelerator, config: TwoTowerTrainingConfig, model, trained, trained_state: dict | None = None
 ):
@@ -213,5 +228,5 @@ def final_model_and_state_dict(
     if trained_state is None:
         trained_state = trained_state_dict(accelerator, trained)
     if config.phase == "pretrain":
-        return accelerator.unwrap_model(trained, keep_torch_compile=False), trained_state
+        return plain_model(accelerator.unwrap_model(trained, keep_torch_compile=False)), trained_state
     return model, {**model.state_dict(), **trained_state}  # ProbesOnPositions' keys are the model's `probes.*`

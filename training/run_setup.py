@@ -20,6 +20,7 @@ from .objectives import make_collators
 from .phases import build_model, make_loss_function, make_optimizer, trained_module
 from .probe_cache import batch_positions, cache_both_splits, process_counts
 from .run_folder import check_free_space, run_disk_bytes
+from .sharding import configure_fsdp
 from .throughput import flops_per_token, resolve_peak_flops
 from .tokenizer import build_tokenizer
 
@@ -141,6 +142,7 @@ def prepare_run(config: TwoTowerTrainingConfig, accelerator, model_config, objec
     )
 
     # Prepare everything (in the probe phase the frozen backbone stays outside, unwrapped)
+    configure_fsdp(accelerator, trained)
     if config.phase == "probe":
         trained, optimizer, lr_scheduler = accelerator.prepare(trained, optimizer, lr_scheduler)
     else:

@@ -16,15 +16,20 @@ One CPU, the tiny recipe (minutes):
 Two CPU processes (gloo): the data is sharded, so halve the per-device batch to keep the global batch:
     torchrun --nproc_per_node 2 -m twotower.training.train --recipe tiny --cpu --per_device_train_batch_size 8 ...
 
-One node with 8 GPUs (DDP; accelerate_configs/fsdp.yaml and deepspeed_zero2.yaml are the alternatives):
+One node with 8 GPUs (DDP; accelerate_configs/fsdp.yaml and deepspeed_zero2.yaml are the alternatives). The configs
+train in bf16 and the base recipes say fp16 (the reference's): a disagreement is refused, so say which to use:
     accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_processes 8 \
-        -m twotower.training.train --recipe base --output_dir outputs/base
+        -m twotower.training.train --recipe base --mixed_precision bf16 --output_dir outputs/base
+
+The same config on 2 CPU processes (accelerate launch's own --cpu would start one process; the training's starts gloo):
+    accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_processes 2 \
+        -m twotower.training.train --recipe tiny --cpu true ...
 
 Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first (whose address is
 --main_process_ip) and 1 on the second; output_dir must be on a file system both see:
     accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_machines 2 --num_processes 16 \
         --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 \
-        -m twotower.training.train --recipe base --output_dir /shared/outputs/base
+        -m twotower.training.train --recipe base --mixed_precision bf16 --output_dir /shared/outputs/base
 """
 
 import argparse
@@ -47,6 +52,7 @@ from .collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping, monitored_loss
 from .folder_lock import locked_output_dir
 from .hub import check_hub_token, push_to_hub
+from .launch_checks import check_launch, resolve_mixed_precision
 from .linear_probes import lbfgs_step
 from .objectives import SeededMaskingCollator, prediction_targets
 from .phases import (
@@ -93,12 +99,15 @@ def train_step(accelerator, trained, window, loss_function, optimizer, lr_schedu
     step_loss = 0.0
     for index, batch in enumerate(window):
         is_last = index == len(window) - 1
+        # The window's last micro-batch syncs: DDP and FSDP reduce gradients then, and DeepSpeed, which steps inside
+        # `accelerator.backward`, steps only then (unset, it took an optimizer step every micro-batch).
+        accelerator.sync_gradients = is_last
         with contextlib.nullcontext() if is_last else accelerator.no_sync(trained), accelerator.autocast():
             loss = loss_function(batch, num_items)
             # `loss` is already this micro-batch's share of the global token mean: undo accelerate's division
             # by the accumulation steps and DDP's mean over processes.
             accelerator.backward(loss * accelerator.gradient_accumulation_steps * accelerator.num_processes)
-        step_loss += loss.detach()
+        step_loss += loss.detach().float()  # FSDP's bf16 parameters give a bf16 loss: log its float32 sum
     grad_norm = clip_gradients(accelerator, trained, max_grad_norm) if max_grad_norm > 0 else None
     optimizer.step()
     lr_scheduler.step()
@@ -363,11 +372,12 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     objective = resolve_objective(config, model_config)
     if config.push_to_hub:
         check_hub_token()
+    mixed_precision, precision_source = resolve_mixed_precision(config)
 
     # Initialize the accelerator; the seedable sampler makes the data order a function of (seed, epoch)
     accelerator = Accelerator(
         cpu=config.cpu,
-        mixed_precision=config.mixed_precision,
+        mixed_precision=mixed_precision,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         log_with=None if config.report_to == "none" else config.report_to.split(","),
         project_config=ProjectConfiguration(
@@ -376,6 +386,9 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         dynamo_backend="inductor" if config.torch_compile else None,
     )
+    check_launch(accelerator, config)
+    accelerator.print(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, mixed precision "
+                      f"{accelerator.mixed_precision} (from {precision_source})")
     # One run per output folder, locked for the run's lifetime: a new run on an empty slate, a resumed one from a
     # verified checkpoint taken with the same options
     with locked_output_dir(accelerator, config.output_dir):

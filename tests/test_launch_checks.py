@@ -1,0 +1,72 @@
+"""What a launch gives a run: one precision source, every process seen, a distributed type the phase can use."""
+
+from types import SimpleNamespace
+
+import pytest
+from accelerate.utils import DistributedType
+
+import modeling_twotower
+from twotower.training.arguments import load_config
+from twotower.training.errors import TwoTowerUserError
+from twotower.training.launch_checks import LAUNCH_PRECISION_VARIABLE, check_launch, resolve_mixed_precision
+
+
+@pytest.mark.parametrize(
+    "recipe_value, launched, expected",
+    [
+        (None, None, (None, "the default")),
+        (None, "bf16", ("bf16", "the accelerate launch")),
+        ("fp16", None, ("fp16", "--mixed_precision")),
+        ("bf16", "bf16", ("bf16", "--mixed_precision")),
+    ],
+)
+def test_one_source_of_mixed_precision(recipe_value, launched, expected, monkeypatch):
+    monkeypatch.delenv(LAUNCH_PRECISION_VARIABLE, raising=False)
+    if launched is not None:
+        monkeypatch.setenv(LAUNCH_PRECISION_VARIABLE, launched)
+    options = [] if recipe_value is None else [f"--mixed_precision={recipe_value}"]
+    assert resolve_mixed_precision(load_config("tiny", options)) == expected
+
+
+def test_a_recipe_precision_that_disagrees_with_the_launch_is_refused(monkeypatch):
+    # base.yaml says fp16 (the reference's); the shipped accelerate configs say bf16
+    monkeypatch.setenv(LAUNCH_PRECISION_VARIABLE, "bf16")
+    with pytest.raises(TwoTowerUserError, match=r"--mixed_precision fp16 \(recipe base .*disagrees with the "
+                                                r"accelerate launch's mixed_precision bf16.*pass --mixed_precision bf16"):
+        resolve_mixed_precision(load_config("base"))
+
+
+def launched_accelerator(num_processes: int, distributed_type=DistributedType.MULTI_CPU):
+    return SimpleNamespace(num_processes=num_processes, distributed_type=distributed_type)
+
+
+def test_processes_that_accelerate_does_not_see_are_refused(monkeypatch):
+    # `accelerate launch --config_file ddp.yaml` on a machine without GPUs: torchrun starts 2 processes, and each,
+    # without --cpu, finds no GPU and trains alone
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(TwoTowerUserError, match=r"2 processes were launched \(WORLD_SIZE=2\) but Accelerate sees 1 "
+                                                r".*add --cpu true to the training command"):
+        check_launch(launched_accelerator(1, DistributedType.NO), load_config("tiny"))
+    check_launch(launched_accelerator(2), load_config("tiny"))
+
+
+def test_the_probe_phase_refuses_fsdp(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(TwoTowerUserError, match="probe phase.*ddp.yaml"):
+        check_launch(launched_accelerator(1, DistributedType.FSDP), load_config("tiny_probe"))
+    check_launch(launched_accelerator(1, DistributedType.FSDP), load_config("tiny"))
+
+
+@pytest.mark.parametrize(
+    "model_class, options, stack",
+    [
+        (modeling_twotower.TwoTowerForCausalLM, {}, "TwoTowerDecoderLayer"),
+        (modeling_twotower.TwoTowerForCausalLM, {"tower_type": "lstm"}, "TwoTowerLSTMTowers"),
+        (modeling_twotower.TwoTowerForMaskedLM, {"layout": "elmo"}, "TwoTowerELMoTowers"),
+    ],
+)
+def test_the_unsplit_modules_are_the_stack_the_model_holds(model_class, options, stack):
+    # FSDP's transformer wrap policy (and device_map) refuse a class name that the model does not contain
+    model = model_class(modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=64, **options))
+    assert model._no_split_modules == {stack}
+    assert any(type(module).__name__ == stack for module in model.modules())

@@ -1,0 +1,49 @@
+"""
+What a launch gives a run, checked before any long work: one source of mixed precision, every launched process seen
+by Accelerate, and a distributed type the phase can train under.
+"""
+
+import os
+
+from accelerate.utils import DistributedType
+
+from .arguments import TwoTowerTrainingConfig
+from .errors import TwoTowerUserError
+
+LAUNCH_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"  # what `accelerate launch` sets from its config or flag
+
+
+def resolve_mixed_precision(config: TwoTowerTrainingConfig) -> tuple[str | None, str]:
+    """
+    (the precision to pass to Accelerator, where it comes from). `--mixed_precision` (recipe or command line) and the
+    accelerate launch's `mixed_precision` may each be unset; set to different values, they are refused, since
+    either silently overriding the other trains in a precision the user did not choose.
+    """
+    launched = os.environ.get(LAUNCH_PRECISION_VARIABLE)
+    if config.mixed_precision is None:
+        return launched, "the accelerate launch" if launched is not None else "the default"
+    if launched is not None and launched != config.mixed_precision:
+        raise TwoTowerUserError(
+            f"--mixed_precision {config.mixed_precision} (recipe {config.recipe or 'none'} or the command line) "
+            f"disagrees with the accelerate launch's mixed_precision {launched} (its --config_file or "
+            f"--mixed_precision); pass --mixed_precision {launched} to the training command, or launch with "
+            f"--mixed_precision {config.mixed_precision}."
+        )
+    return config.mixed_precision, "--mixed_precision"
+
+
+def check_launch(accelerator, config: TwoTowerTrainingConfig) -> None:
+    """Refuse a launch whose processes would not train together, or a distributed type the phase cannot use."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > accelerator.num_processes:
+        raise TwoTowerUserError(
+            f"{launched} processes were launched (WORLD_SIZE={launched}) but Accelerate sees "
+            f"{accelerator.num_processes} ({accelerator.distributed_type}), so each would train alone. On a machine "
+            f"without GPUs add --cpu true to the training command (`accelerate launch --cpu` itself starts one process "
+            f"without mpirun); on GPUs, check that every process sees one (CUDA_VISIBLE_DEVICES)."
+        )
+    if config.phase == "probe" and accelerator.distributed_type == DistributedType.FSDP:
+        raise TwoTowerUserError(
+            "The probe phase trains only the probes of a frozen model, which FSDP would gather at every step; "
+            "launch it with training/accelerate_configs/ddp.yaml (or one process): the probes are small."
+        )
