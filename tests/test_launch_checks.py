@@ -3,12 +3,15 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 from accelerate.utils import DistributedType
+from torch.distributed.tensor import Shard
 
 import modeling_twotower
 from twotower.training.arguments import load_config
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.launch_checks import LAUNCH_PRECISION_VARIABLE, check_launch, resolve_mixed_precision
+from twotower.training.sharding import tower_placement
 
 
 @pytest.mark.parametrize(
@@ -70,3 +73,13 @@ def test_the_unsplit_modules_are_the_stack_the_model_holds(model_class, options,
     model = model_class(modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=64, **options))
     assert model._no_split_modules == {stack}
     assert any(type(module).__name__ == stack for module in model.modules())
+
+
+def test_batched_tower_weights_shard_off_the_tower_axis():
+    # [towers, in, out] split on the towers' axis would give 2 of 4 ranks all of it
+    placement = tower_placement(num_towers=2, world_size=4)
+    assert placement(torch.nn.Parameter(torch.empty(2, 64, 256))) == Shard(2)  # the largest axis 4 ranks divide
+    assert placement(torch.nn.Parameter(torch.empty(2, 64, 6))) == Shard(1)
+    assert placement(torch.nn.Parameter(torch.empty(2, 6, 6))) == Shard(0)  # FSDP2 pads only axis 0
+    assert placement(torch.nn.Parameter(torch.empty(512, 64))) == Shard(0)  # not a tower weight: the embedding
+    assert placement(torch.nn.Parameter(torch.empty(64))) == Shard(0)

@@ -64,8 +64,8 @@ class TrainingRun:
     units_per_epoch: int  # what an epoch holds for this process: batches (pretrain) or probe steps (probe)
     max_train_steps: int
     eval_chunk: int  # cached positions per validation chunk, as many as in a batch of blocks
-    caches: dict | None = None  # probe phase: the frozen towers' features, "train" and "validation"
-    positions_per_step: int | None = None  # mlp probes: cached positions per step and process
+    caches: dict | None = None  # probe phase: the frozen towers' features, "train" and "validation" (cached or not)
+    positions_per_step: int | None = None  # mlp probes: positions per step and process
     train_dataloader: object = None  # pretrain phase
     eval_dataloader: object = None
     train_flops_per_token: float = 0.0
@@ -93,8 +93,8 @@ def plan_epochs(config: TwoTowerTrainingConfig, accelerator, model, lm_datasets,
     The data the loop steps over, and the steps per epoch. Pretraining steps over windows of blocks (accelerate
     shards the batches and steps the scheduler once per process, hence the factors; an accelerate config may set the
     accumulation steps: the accelerator's value is the one in force). The probe phase runs the frozen towers once and
-    steps over the cached positions of this process's blocks: batches of positions (mlp), or the full batch (linear,
-    L-BFGS).
+    steps over the cached positions of this process's blocks (or, with --probe_feature_cache none, over positions it
+    recomputes): batches of positions in each replica's order of the blocks (mlp), or the full batch (linear, L-BFGS).
     """
     if config.phase == "probe":
         caches = cache_both_splits(accelerator, model, lm_datasets, collators, objective, config)
@@ -127,6 +127,7 @@ def prepare_run(config: TwoTowerTrainingConfig, accelerator, model_config, objec
     )
     model = build_model(config, model_config, tokenizer, objective)
     trained = trained_module(config, model, accelerator.device)
+    configure_fsdp(accelerator, trained)  # before the optimizer, which must hold the tower stacks' sharded weights
     optimizer = make_optimizer(config, trained)
     checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, optimizer)
     on_main_process(accelerator, lambda: check_free_space(
@@ -142,7 +143,6 @@ def prepare_run(config: TwoTowerTrainingConfig, accelerator, model_config, objec
     )
 
     # Prepare everything (in the probe phase the frozen backbone stays outside, unwrapped)
-    configure_fsdp(accelerator, trained)
     if config.phase == "probe":
         trained, optimizer, lr_scheduler = accelerator.prepare(trained, optimizer, lr_scheduler)
     else:
