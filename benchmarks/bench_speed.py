@@ -44,7 +44,7 @@ from .workloads import (
 
 # Sizes by name: a model preset plus overrides.
 SIZES = {
-    "tiny": ("tiny", {"vocab_size": 8192}),  # the tiny recipe's BPE vocabulary
+    "tiny": ("tiny", {"vocab_size": 4096}),  # the tiny recipe's BPE vocabulary (tokenizer_vocab_size)
     # between tiny and base: the paper's vocabulary at a width and depth a CPU trains in seconds per step
     "small": ("base", {"hidden_size": 192, "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 768}),
     "base": ("base", {}),

@@ -8,7 +8,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import bench_speed, masked_lm_baseline, settings_search
+from benchmarks import bench_speed, masked_lm_baseline, project_scale, settings_search
 from benchmarks.baselines import (
     GPT2_EQUAL_FLOPS,
     MODEL_NAMES,
@@ -349,3 +349,19 @@ def test_neighbour_count_losses_match_hand_counted_witten_bell():
         "both": -(np.log(p_both) + np.log(unigram[2])) / 2,
     }
     assert losses == pytest.approx(expected, rel=1e-12)
+
+
+def test_scale_projection_of_base_pretraining_matches_a_hand_count():
+    # base: 2 towers x 12 layers of width 384 (MLP 1536) reading a 768-wide embedding, fusion 768 -> 768, tied decoder
+    # 768 x 30528; 6 FLOPs per matmul weight plus 12 x layers x towers x width x block for attention
+    towers = 2 * (768 * 384 + 12 * (4 * 384**2 + 2 * 384 * 1536))
+    fusion_and_decoder = (768 + 30528) * 768
+    per_token = 6 * (towers + fusion_and_decoder) + 12 * 12 * 2 * 384 * 128
+    tokens = 12_500 * 5120 * 128  # the recipe's steps x global batch x block size
+    flops = project_scale.training_flops(project_scale.read_phase("base"))
+    assert (flops["per_token"], flops["tokens"]) == (per_token, tokens) == (416_710_656, 8_192_000_000)
+    assert flops["total"] == pytest.approx(per_token * tokens)
+    # 8.7 hours on one A100 at 312 TFLOP/s and 35% MFU
+    hours = per_token * tokens / (312e12 * 0.35) / 3600
+    assert project_scale.hours(flops["total"], 312.0, 1, 0.35) == pytest.approx(hours) == pytest.approx(8.68, abs=0.01)
+    assert "| `base` | pretrain | 417 M | 8.19e+09 | 3.41e+18 | 8.7 h |" in project_scale.main([])

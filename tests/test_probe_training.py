@@ -159,14 +159,14 @@ def test_cached_features_equal_the_backbone_recomputed(family, storage, corpus, 
 
 
 def test_each_replica_reads_its_own_order_shared_by_the_towers():
-    orders = replica_orders(seed=3, epoch=0, num_replicas=3, num_positions=50)  # [replicas, positions]
+    orders = replica_orders(seed=3, epoch=0, num_replicas=3, num_blocks=50)  # [replicas, blocks]
     assert all(torch.equal(row.sort().values, torch.arange(50)) for row in orders)  # permutations
     assert all(not torch.equal(orders[a], orders[b]) for a, b in ((0, 1), (0, 2), (1, 2)))
     assert torch.equal(replica_orders(3, 0, 3, 50), orders)  # a function of (seed, epoch, replica) ...
     assert torch.equal(replica_orders(3, 0, 2, 50), orders[:2])  # ... not of how many replicas train
     assert not torch.equal(replica_orders(3, 1, 3, 50)[0], orders[0])  # a new order every epoch
 
-    # 50 positions of 2 towers; 4 steps of 12 positions, the last takes the 14 left.
+    # 50 blocks of one position each, 2 towers; 4 steps of 12 positions, the last takes the 14 left.
     cache = FeatureCache(torch.randn(50, 2, 4), torch.arange(50) + 100, num_blocks=5)
     batch = cache.replica_batch(step_positions(orders, 1, steps_per_epoch=4, positions_per_step=12))
     assert batch["features"].shape == (6, 12, 4) and batch["targets"].shape == (6, 12)
@@ -177,6 +177,18 @@ def test_each_replica_reads_its_own_order_shared_by_the_towers():
             assert torch.equal(batch["targets"][probe], positions + 100)  # replica r's order, in every tower
             assert torch.equal(batch["features"][probe], cache.features[positions, tower])
     assert step_positions(orders, 3, steps_per_epoch=4, positions_per_step=12).shape == (3, 14)
+
+
+def test_a_step_reads_the_positions_of_each_replicas_next_blocks():
+    # 5 blocks of 3, 0, 4, 2 and 3 predicted positions (a masked LM's vary): rows 0-2, none, 3-6, 7-8, 9-11.
+    block_starts = torch.tensor([0, 3, 3, 7, 9, 12])
+    orders = torch.tensor([[2, 0, 4, 1, 3], [3, 1, 4, 2, 0]])  # [replicas, blocks]
+    steps = [step_positions(orders, step, 3, 5, block_starts) for step in range(3)]  # 5, 5, then the 2 left
+    assert torch.equal(torch.cat(steps, dim=1), torch.tensor([
+        [3, 4, 5, 6, 0, 1, 2, 9, 10, 11, 7, 8],  # blocks 2, 0, 4, (1,) 3 in turn
+        [7, 8, 9, 10, 11, 3, 4, 5, 6, 0, 1, 2],  # blocks 3, (1,) 4, 2, 0
+    ]))  # fmt: skip
+    assert [step.shape[1] for step in steps] == [5, 5, 2]
 
 
 def test_early_stopping_over_epochs_keeps_the_best(causal_model, corpus, tmp_path, monkeypatch, capsys):

@@ -33,7 +33,7 @@ from .objectives import OBJECTIVES
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 PHASES = ("pretrain", "probe")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
-PROBE_FEATURE_CACHES = ("memory", "disk")
+PROBE_FEATURE_CACHES = ("memory", "disk", "auto", "none")
 # the parameters AdamW does not decay: ours; the reference BERT's (its DeepSpeed layers' LayerNorms and every bias,
 # ttlm/model.py prepare_optimizer_parameters); the reference GPT's and ELMo's (none: they have no such method)
 WEIGHT_DECAY_EXCLUSIONS = ("norms_and_biases", "tower_norms_and_biases", "none")
@@ -80,6 +80,7 @@ OPTION_RANGES = {
     "seed": (lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]"),
     "probe_replicas": (lambda v: v >= 1, ">= 1 (probes per tower)"),
     "probe_batch_positions": (lambda v: v >= 1, ">= 1"),
+    "probe_cache_max_gb": (lambda v: v > 0, "> 0 (GB)"),
     "probe_l2": (lambda v: v >= 0, ">= 0"),
     "probe_tolerance": (lambda v: v > 0, "> 0"),
     "checkpointing_steps": (lambda v: v >= 1, ">= 1"),
@@ -99,6 +100,7 @@ UNSET_MEANS = {
     "max_train_steps": "train --num_train_epochs epochs",
     "probe_chunk_size": "let the probes choose",
     "probe_batch_positions": "use the positions of a step of blocks",
+    "probe_cache_max_gb": "allow half the output folder's free disk",
     "checkpointing_steps": "checkpoint at the end of each epoch only",
     "eval_steps": "evaluate at the end of each epoch only",
     "peak_tflops": "measure the device's peak at the start",
@@ -198,7 +200,12 @@ class TwoTowerTrainingConfig(DataArguments):
     probe_replicas: int = 1  # probes per tower, each its own initial weights and (mlp) its own data order
     probe_type: str = "mlp"  # mlp (the paper's probe; AdamW) | linear (softmax regression solved by L-BFGS)
     probe_feature_cache: str = "memory"  # memory (on the device) | disk (numpy memmaps under output_dir, removed at
-    # the end of the run: for caches beyond device memory)
+    # the end of the run: for caches beyond device memory) | none (recompute the frozen towers over the blocks each
+    # step reads, as the reference did; with probe_backbone_dropout, new dropout at every read, where a cache keeps
+    # one draw per block) | auto (memory if the cache fits in half the free device memory, else disk if it fits in
+    # probe_cache_max_gb, else none; printed with the size before the towers run). Kept in the training precision
+    probe_cache_max_gb: float | None = None  # auto: the largest disk cache in GB (1e9 bytes), of all processes;
+    # None = half the output folder's free disk
     probe_batch_positions: int | None = None  # cached positions per probe step and process; None = the positions
     # of per_device_train_batch_size * gradient_accumulation_steps blocks, as much data as a step of blocks
     probe_l2: float = 1e-3  # linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL;
@@ -296,6 +303,11 @@ class TwoTowerTrainingConfig(DataArguments):
             )
 
     def _check_probe_options(self):
+        if self.phase == "probe" and self.probe_type == "linear" and self.probe_feature_cache == "none":
+            raise TwoTowerUserError(
+                "--probe_type linear runs full-batch L-BFGS over cached features, and --probe_feature_cache none "
+                "caches none: pass --probe_feature_cache memory, disk or auto (which refuses a cache over its budget)."
+            )
         if self.phase == "probe" and self.probe_type == "linear" and not self.max_train_steps:
             raise TwoTowerUserError(
                 "--probe_type linear trains by L-BFGS iterations, one a step over the whole cache: set "
@@ -303,8 +315,9 @@ class TwoTowerTrainingConfig(DataArguments):
             )
         if self.phase == "pretrain":
             defaults = {field.name: field.default for field in dataclasses.fields(self)}
-            names = ("probe_replicas", "probe_type", "probe_feature_cache", "probe_batch_positions", "probe_l2",
-                     "probe_tolerance", "probe_grad_clipping", "probe_backbone_dropout")
+            names = ("probe_replicas", "probe_type", "probe_feature_cache", "probe_cache_max_gb",
+                     "probe_batch_positions", "probe_l2", "probe_tolerance", "probe_grad_clipping",
+                     "probe_backbone_dropout")
             changed = [f"--{name} {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
             if changed:
                 raise TwoTowerUserError(

@@ -174,8 +174,8 @@ def probe_runs(config: TwoTowerTrainingConfig, num_towers: int) -> dict:
     if config.probe_type == "linear":
         data_order = "full batch: every probe read every cached position at every L-BFGS iteration"
     else:
-        data_order = (f"replica r read the cached positions in an order drawn from (seed {config.seed}, epoch, r) "
-                      f"every epoch, the same for the probes of every tower")
+        data_order = (f"replica r read the predicted positions of this process's blocks, the blocks in an order "
+                      f"drawn from (seed {config.seed}, epoch, r) every epoch, the same for the probes of every tower")
     return {
         "num_towers": num_towers,
         "probe_replicas": replicas,

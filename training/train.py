@@ -128,10 +128,11 @@ def epoch_windows(run: TrainingRun, epoch: int, units_to_skip: int):
         if not units_to_skip:  # an epoch is one step: the full batch
             yield [run.caches["train"]]
     elif run.is_probe:
-        orders = replica_orders(run.config.seed, epoch, run.config.probe_replicas, len(run.caches["train"]))
+        features = run.caches["train"]  # a FeatureCache, or FrozenTowerFeatures that recompute the blocks a step reads
+        orders = replica_orders(run.config.seed, epoch, run.config.probe_replicas, features.num_blocks)
         for step in range(units_to_skip, run.steps_per_epoch):
-            positions = step_positions(orders, step, run.steps_per_epoch, run.positions_per_step)
-            yield [run.caches["train"].replica_batch(positions)]
+            positions = step_positions(orders, step, run.steps_per_epoch, run.positions_per_step, features.block_starts)
+            yield [features.replica_batch(positions)]
     else:
         train_dataloader = run.train_dataloader
         train_dataloader.set_epoch(epoch)

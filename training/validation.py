@@ -47,8 +47,9 @@ def evaluate_cached(
     joint_metrics: dict | None = None,
 ) -> dict:
     """
-    Metrics of the probes of `model` (unwrapped) on the cached validation positions of every process (each caches a
-    disjoint share, so the sums are exact), in chunks of `chunk_positions`.
+    Metrics of the probes of `model` (unwrapped) on the validation positions of every process (each holds a disjoint
+    share, so the sums are exact): of a FeatureCache, in chunks of `chunk_positions`, or of FrozenTowerFeatures
+    (--probe_feature_cache none), recomputed a batch of blocks at a time at every evaluation.
 
     Returns "probe_{t}_loss" / "probe_{t}_perplexity" per tower (the mean NLL over its replicas), with more than one
     replica also "probe_{t}_replica_{r}_loss" / "..._perplexity", and the joint model's "loss" / "perplexity". The
@@ -57,8 +58,7 @@ def evaluate_cached(
     num_towers, num_replicas = model.config.num_towers, model.probes.num_replicas
     probe_sums = torch.zeros(model.probes.num_probes, dtype=torch.float64, device=accelerator.device)
     joint_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    for start in range(0, len(cache), chunk_positions):
-        features, targets = cache.chunk(start, start + chunk_positions)  # [towers, n, hidden], [n]
+    for features, targets in cache.chunks(chunk_positions):  # [towers, n, hidden], [n]
         with accelerator.autocast():
             probe_sums -= model.probes.score_positions(features, targets, probe_chunk_size).sum(-1).double()
             if joint_metrics is None:
