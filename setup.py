@@ -60,6 +60,9 @@ setup(
     extras_require={
         "lm-eval": ["lm-eval>=0.4.13,<0.5"],
         "docs": DOCS_REQUIRES,
+        # accelerate_configs/deepspeed_zero2.yaml. An sdist whose build imports torch: install it with
+        # `DS_BUILD_OPS=0 pip install --no-build-isolation` (scripts/install.sh), hence not in "test"
+        "deepspeed": ["deepspeed>=0.15"],
         "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", *DOCS_REQUIRES],  # the suite builds the docs site
     },
     classifiers=[

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) with the CPU build of PyTorch and twotower pinned to the tested versions.
+# Creates .venv (if missing) with the CPU build of PyTorch, twotower and DeepSpeed pinned to the tested versions.
 # Sourced by scripts/test.sh and scripts/train_tiny.sh. On a GPU machine install torch your usual way instead.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,4 +13,13 @@ if ! python -c "import modeling_twotower, twotower.training, pytest, mkdocs" 2>/
   # The pin matters: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
   python -m pip install -q torch==2.13.0
   python -m pip install -q -c "$repo/constraints.txt" -e "$repo[test]"
+fi
+# DeepSpeed, for the deepspeed_zero2.yaml test (tests/test_accelerate_configs.py), is not in the `test` extra: PyPI has
+# only its sdist, whose setup.py imports torch, and an isolated build pulls a multi-GB CUDA torch into the build
+# environment. So it is built here against the CPU torch above (--no-build-isolation, setuptools from this venv)
+# and without its CUDA/C++ ops (DS_BUILD_OPS=0; on CPU it JIT-compiles only its shm comm op, with ninja and the
+# system's C++ compiler, on first use, into ~/.cache/torch_extensions).
+if ! python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then
+  python -m pip install -q -c "$repo/constraints.txt" setuptools
+  DS_BUILD_OPS=0 python -m pip install -q --no-build-isolation -c "$repo/constraints.txt" deepspeed
 fi
