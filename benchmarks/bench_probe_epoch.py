@@ -83,9 +83,9 @@ def epoch_on_cache(accelerator, trained, optimizer, scheduler, config, cache, ob
     steps = math.ceil(len(cache) / positions_per_step)
 
     start = time.perf_counter()
-    orders = replica_orders(0, epoch, config.probe_replicas, len(cache))
+    orders = replica_orders(0, epoch, config.probe_replicas, cache.num_blocks)  # the training's block order
     for step in range(steps):
-        batch = cache.replica_batch(step_positions(orders, step, steps, positions_per_step))
+        batch = cache.replica_batch(step_positions(orders, step, steps, positions_per_step, cache.block_starts))
         train_step(accelerator, trained, [batch], loss_function, optimizer, scheduler, 1.0, objective)
     return time.perf_counter() - start
 

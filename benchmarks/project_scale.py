@@ -17,6 +17,7 @@ import torch
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.probes import PROBE_LOGITS_CHUNK_BYTES
 from twotower.training.arguments import read_recipe
+from twotower.training.probe_cache import FeatureCachePlan, plan_feature_cache
 from twotower.training.throughput import DATASHEET_PEAK_TFLOPS, flops_per_token
 
 # (pretrain recipe, probe recipe) pairs; the global batch is the recipes' 5120 blocks on every number of GPUs
@@ -38,6 +39,8 @@ MASKED_SHARE = 0.15  # masked LM: share of a block's positions that are predicte
 # (save_state): the fp32 weights of the whole model plus the 2 moments of the trained ones. The final model: fp32.
 TRAINING_BYTES, WEIGHT_BYTES, MOMENT_BYTES = 16, 4, 8
 FEATURE_BYTES = {"bf16": 2, "float32": 4}  # a cached feature
+GPU_MEMORY_GB = 80  # the device `auto` looks at: one A100/H100 of 80 GB
+FREE_DISK_GB = 1000  # the disk `auto` looks at when a recipe sets no probe_cache_max_gb
 LOGIT_BYTES = 14  # per logit kept for backward: bf16 logits, their fp32 copy, the saved log-softmax, its gradient
 PROBE_HIDDEN_BYTES = 16  # per probe feature kept for backward: dense output, GELU, LayerNorm input and output in fp32
 GB = 1e9
@@ -54,7 +57,8 @@ class Phase:
     micro_batch: int  # blocks per device and micro-batch
     block_size: int
     checkpoints_total_limit: int
-    feature_cache: str | None  # probe phase: memory | disk
+    feature_cache: str | None  # probe phase: the recipe's probe_feature_cache (memory | disk | none | auto)
+    cache_budget_gb: float | None  # probe phase: the recipe's probe_cache_max_gb
 
 
 def read_phase(recipe: str) -> Phase:
@@ -82,6 +86,7 @@ def read_phase(recipe: str) -> Phase:
         block_size=values.get("block_size", 128),
         checkpoints_total_limit=values.get("checkpoints_total_limit", 2),
         feature_cache=values.get("probe_feature_cache") if values.get("phase") == "probe" else None,
+        cache_budget_gb=values.get("probe_cache_max_gb"),
     )
 
 
@@ -147,6 +152,15 @@ def cache_bytes(phase: Phase, feature_bytes: int) -> float:
     return TRAIN_BLOCKS * predicted_positions(phase) * config.num_towers * config.hidden_size * feature_bytes
 
 
+def cache_choice(phase: Phase) -> FeatureCachePlan:
+    """What the probe phase's `probe_feature_cache` decides on one GPU of GPU_MEMORY_GB, by the package's own rule."""
+    return plan_feature_cache(
+        phase.feature_cache, "mlp", phase.config.num_towers, phase.config.hidden_size, torch.bfloat16,
+        train_positions=round(TRAIN_BLOCKS * predicted_positions(phase)), validation_positions=0,
+        free_memory_bytes=GPU_MEMORY_GB * GB, free_disk_bytes=FREE_DISK_GB * GB, probe_cache_max_gb=phase.cache_budget_gb,
+    )  # fmt: skip
+
+
 def memory_and_disk(phase: Phase) -> dict:
     """Bytes per device (training states, activations, an in-memory cache's share per GPU count) and on disk."""
     total, trained = parameter_counts(phase)
@@ -160,7 +174,7 @@ def memory_and_disk(phase: Phase) -> dict:
     states = trained * TRAINING_BYTES + frozen * WEIGHT_BYTES
     checkpoint = total * WEIGHT_BYTES + trained * MOMENT_BYTES
     caches = {name: cache_bytes(phase, size) for name, size in FEATURE_BYTES.items()} if phase.feature_cache else {}
-    in_memory = phase.feature_cache == "memory"
+    in_memory = phase.feature_cache is not None and cache_choice(phase).choice == "memory"
     return {
         "parameters": total,
         "trained": trained,
@@ -212,7 +226,8 @@ def memory_table() -> str:
             caches = figures["caches"]
             cache = "none"
             if caches:
-                cache = f"{caches['bf16'] / GB:,.0f} / {caches['float32'] / GB:,.0f} GB ({phase.feature_cache})"
+                choice = cache_choice(phase).choice
+                cache = f"{caches['bf16'] / GB:,.0f} / {caches['float32'] / GB:,.0f} GB ({phase.feature_cache}: {choice})"
             lines.append(
                 f"| `{recipe}` | {phase.phase} | "
                 f"{figures['parameters'] / 1e6:.1f} M ({figures['trained'] / 1e6:.1f} M) | "

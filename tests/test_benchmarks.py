@@ -365,3 +365,16 @@ def test_scale_projection_of_base_pretraining_matches_a_hand_count():
     hours = per_token * tokens / (312e12 * 0.35) / 3600
     assert project_scale.hours(flops["total"], 312.0, 1, 0.35) == pytest.approx(hours) == pytest.approx(8.68, abs=0.01)
     assert "| `base` | pretrain | 417 M | 8.19e+09 | 3.41e+18 | 8.7 h |" in project_scale.main([])
+
+
+def test_the_projected_probe_cache_is_the_choice_of_the_package_rule():
+    # base_probe: 900k blocks x 127 positions x 2 towers x 384 x 2 bytes (bf16) = 175.6 GB > its probe_cache_max_gb
+    # 50 and > 40 GB (half an 80 GB GPU): recomputed. base_masked_probe: 15% of 128 positions, 26.5 GB: in memory
+    phase = project_scale.read_phase("base_probe")
+    assert project_scale.cache_bytes(phase, 2) == 900_000 * 127 * 2 * 384 * 2
+    assert project_scale.cache_choice(phase).choice == "none"
+    masked = project_scale.read_phase("base_masked_probe")
+    assert project_scale.cache_bytes(masked, 2) == pytest.approx(900_000 * 0.15 * 128 * 2 * 384 * 2)
+    assert project_scale.cache_choice(masked).choice == "memory"
+    table = project_scale.main([])
+    assert "| 176 / 351 GB (auto: none) |" in table and "| 27 / 53 GB (auto: memory) |" in table

@@ -218,6 +218,15 @@ def plain_model(model: nn.Module) -> nn.Module:
         return model_class(model.config)
 
 
+def without_tied_copies(model, state_dict: dict) -> dict:
+    """
+    `state_dict` less the tied weights' copies. save_pretrained drops a tied weight only when it shares storage with
+    its source; a state dict gathered under FSDP/DeepSpeed holds separate copies, which would be saved twice.
+    """
+    tied_copies = model.get_expanded_tied_weights_keys(all_submodels=True)  # {tied weight: its source}
+    return {name: tensor for name, tensor in state_dict.items() if name not in tied_copies}
+
+
 def final_model_and_state_dict(
     accelerator, config: TwoTowerTrainingConfig, model, trained, trained_state: dict | None = None
 ):
@@ -228,5 +237,6 @@ def final_model_and_state_dict(
     if trained_state is None:
         trained_state = trained_state_dict(accelerator, trained)
     if config.phase == "pretrain":
-        return plain_model(accelerator.unwrap_model(trained, keep_torch_compile=False)), trained_state
+        final_model = plain_model(accelerator.unwrap_model(trained, keep_torch_compile=False))
+        return final_model, without_tied_copies(final_model, trained_state)
     return model, {**model.state_dict(), **trained_state}  # ProbesOnPositions' keys are the model's `probes.*`
