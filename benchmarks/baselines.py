@@ -59,7 +59,7 @@ class ReferenceProbe(nn.Module):
 
 class ReferenceTwoTowerGPT2(nn.Module):
     """
-    The reference code's GPT variant as PAPER.md describes it, kept as the baseline to beat: `num_towers`
+    The reference code's GPT variant (hezq06/twotower_lm, `ttlm/model.py`), kept as the baseline to beat: `num_towers`
     Hugging Face `GPT2Model`s of width h share one input embedding and run one after the other in a Python
     loop; their last hidden states are concatenated, projected by Linear(num_towers * h -> h), and decoded by
     a decoder tied to the shared embedding (plus an output bias). Probes score one after the other with full

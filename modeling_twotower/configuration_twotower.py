@@ -6,8 +6,9 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-# The paper's sizes (PAPER.md, "Reference hyper-parameters"); every size describes ONE tower. The paper-sized presets
-# start from the reference code's initialisation; `tiny` keeps the plain N(0, 0.02) one of the CPU recipes' figures.
+# The paper's sizes (arXiv 2210.07041 and its code's configs; docs/FAITHFULNESS.md); every size describes ONE
+# tower. The paper-sized presets start from the reference code's initialisation; `tiny` keeps the plain N(0, 0.02)
+# one of the CPU recipes' figures.
 PRESETS = {
     # Small enough to train for a few minutes on two CPU cores.
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),

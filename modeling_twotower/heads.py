@@ -9,8 +9,6 @@ import math
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import WeightRenaming
 from transformers.loss.loss_utils import fixed_cross_entropy
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, concat_towers, split_towers
@@ -120,18 +118,16 @@ class TwoTowerIndependentHeads(nn.Module):
 
 
 # Checkpoints saved before the LM heads were modules of their own: the fusion head's layers and the tied decoder
-# sat on the LM model itself, and the control's per-tower heads were called tower_lm_heads.
-register_checkpoint_conversion_mapping(
-    TwoTowerConfig.model_type,
-    [
-        WeightRenaming("^fusion_dense", "lm_head.dense"),
-        WeightRenaming("^fusion_output_norm", "lm_head.norm"),
-        WeightRenaming("^lm_head.weight", "lm_head.decoder.weight"),
-        WeightRenaming("^lm_head.bias", "lm_head.decoder.bias"),
-        WeightRenaming("^tower_lm_heads", "lm_head"),
-    ],
-    overwrite=True,  # each trust_remote_code import of this module registers it again
-)
+# sat on the LM model itself, and the control's per-tower heads were called tower_lm_heads. Read at load time only
+# (`TwoTowerPreTrainedModel.from_pretrained`), not registered as the model type's conversion mapping, which
+# transformers would also reverse on save and expects every saved key to go through.
+LEGACY_KEY_MAPPING = {
+    "^fusion_dense": "lm_head.dense",
+    "^fusion_output_norm": "lm_head.norm",
+    "^lm_head.weight": "lm_head.decoder.weight",
+    "^lm_head.bias": "lm_head.decoder.bias",
+    "^tower_lm_heads": "lm_head",
+}
 
 
-__all__ = ["TwoTowerFusionHead", "TwoTowerIndependentHeads", "keep_positions"]
+__all__ = ["LEGACY_KEY_MAPPING", "TwoTowerFusionHead", "TwoTowerIndependentHeads", "keep_positions"]

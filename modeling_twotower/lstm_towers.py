@@ -1,5 +1,5 @@
 """
-LSTM towers of the two-tower model: the reference code's ELMo layout (`layout="elmo"`: PAPER.md's 2 LSTM layers
+LSTM towers of the two-tower model: the reference code's ELMo layout (`layout="elmo"`: the paper's 2 LSTM layers
 of width 256 with cells of 2048 or 4096) and this package's own LSTM stacks in the bert layout (`tower_type="lstm"`).
 """
 

@@ -35,7 +35,7 @@ from .batched_layers import (
 )
 from .configuration_twotower import TwoTowerConfig
 from .decoder_layers import TwoTowerDecoderLayer
-from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
+from .heads import LEGACY_KEY_MAPPING, TwoTowerFusionHead, TwoTowerIndependentHeads
 from .input_checks import check_labels, check_inputs, check_probe_features
 from .lstm_towers import TwoTowerELMoTowers, TwoTowerLSTMTowers
 from .probes import TwoTowerProbes
@@ -72,9 +72,15 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
 
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict[str, str] | None = None, **kwargs):
+        # Earlier versions' parameter names (heads.py) are renamed as they load, unless the caller maps keys itself.
+        key_mapping = LEGACY_KEY_MAPPING if key_mapping is None else key_mapping
+        return super().from_pretrained(*args, key_mapping=key_mapping, **kwargs)
+
     def save_pretrained(self, save_directory, *args, save_original_format: bool = False, **kwargs):
-        # Checkpoints are written with this code's parameter names. The conversion mapping (heads.py) reads older
-        # ones; its reverse cannot tell the fusion head from the control's heads, whose new names are alike.
+        # Checkpoints are written with this code's parameter names, also after loading an older one: the reverse of
+        # the legacy renaming cannot tell the fusion head from the control's heads, whose new names are alike.
         return super().save_pretrained(save_directory, *args, save_original_format=save_original_format, **kwargs)
 
     def _init_weights(self, module):

@@ -18,7 +18,6 @@ from twotower.training.arguments import load_config
 from twotower.training.train import training_function
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 # Per-step training losses of bf16 autocast against fp32, 10 steps of the tiny models below on a 2-core CPU: at most
 # 6.9e-5 relative (pretrain, 1 process), 5.5e-5 (pretrain, 2 processes against 1), 1.3e-5 and 1.5e-5 (probes, 1 and 2
 # processes). The tolerance leaves ~15x that.
@@ -27,11 +26,11 @@ STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict:
+def corpus(shared_data, tmp_path_factory) -> dict:
     """The first 400 kB of WikiText-2 train and 60 kB of validation (a slice, in a temporary folder)."""
     folder = tmp_path_factory.mktemp("wikitext-2-slice-bf16")
     for split, size in (("train", 400_000), ("valid", 60_000)):
-        with open(DATA_DIR / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
+        with open(shared_data / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
             (folder / f"{split}.txt").write_text(handle.read(size).rsplit("\n", 1)[0] + "\n")
     return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt")}
 

@@ -26,8 +26,6 @@ from twotower.training.tokenizer import (
     train_bpe_tokenizer,
 )
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-WIKITEXT_TRAIN = DATA_DIR / "wikitext-2" / "train.txt"
 BPE_VOCAB_SIZE = 300
 
 
@@ -36,23 +34,28 @@ def _first_lines(path: Path, count: int) -> list[str]:
         return [next(handle) for _ in range(count)]
 
 
+@pytest.fixture(scope="session")
+def wikitext_train(shared_data) -> Path:
+    return shared_data / "wikitext-2" / "train.txt"
+
+
 @pytest.fixture(scope="module")
-def bpe_tokenizer():
-    lines = _first_lines(WIKITEXT_TRAIN, 2000)
+def bpe_tokenizer(wikitext_train):
+    lines = _first_lines(wikitext_train, 2000)
     return train_bpe_tokenizer((lines[i : i + 500] for i in range(0, len(lines), 500)), BPE_VOCAB_SIZE)
 
 
-def test_bert_vocabulary_folder_gives_the_papers_wordpiece():
-    tokenizer = load_tokenizer(str(DATA_DIR / "tokenizers" / "bert-base-uncased"))
-    vocabulary = (DATA_DIR / "tokenizers" / "bert-base-uncased" / "vocab.txt").read_text().splitlines()
+def test_bert_vocabulary_folder_gives_the_papers_wordpiece(shared_data):
+    tokenizer = load_tokenizer(str(shared_data / "tokenizers" / "bert-base-uncased"))
+    vocabulary = (shared_data / "tokenizers" / "bert-base-uncased" / "vocab.txt").read_text().splitlines()
     assert len(tokenizer) == 30522
     assert padded_vocab_size(tokenizer) == 30528  # the paper's padded vocabulary
     ids = tokenizer("The Tower", add_special_tokens=False)["input_ids"]
     assert ids == [vocabulary.index("the"), vocabulary.index("tower")]  # uncased WordPiece
 
 
-def test_gpt2_vocabulary_folder_gives_the_byte_level_bpe():
-    tokenizer = load_tokenizer(str(DATA_DIR / "tokenizers" / "gpt2"))
+def test_gpt2_vocabulary_folder_gives_the_byte_level_bpe(shared_data):
+    tokenizer = load_tokenizer(str(shared_data / "tokenizers" / "gpt2"))
     assert len(tokenizer) == 50257
     assert padded_vocab_size(tokenizer) == 50304  # nanoGPT's padded GPT-2 vocabulary
     assert tokenizer("Hello world", add_special_tokens=False)["input_ids"] == [15496, 995]
@@ -72,25 +75,25 @@ def test_trained_bpe_is_lossless_and_reloads(bpe_tokenizer, tmp_path):
     assert reloaded.eos_token == "<|endoftext|>"
 
 
-def test_tokenizer_errors_name_the_problem(tmp_path):
+def test_tokenizer_errors_name_the_problem(shared_data, tmp_path):
     with pytest.raises(ValueError, match="tokenizer_vocab_size"):
         train_bpe_tokenizer(iter([["some text"]]), 100)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_tokenizer(str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="holds no tokenizer"):
         load_tokenizer(str(tmp_path))
-    gpt2 = load_tokenizer(str(DATA_DIR / "tokenizers" / "gpt2"))
+    gpt2 = load_tokenizer(str(shared_data / "tokenizers" / "gpt2"))
     with pytest.raises(ValueError, match="50257 tokens but the model's vocabulary has 30528"):
         check_tokenizer_fits(gpt2, 30528)
 
 
-def test_text_files_from_a_file_a_folder_or_a_glob(tmp_path):
-    novels = resolve_text_files(str(DATA_DIR / "gutenberg"))
+def test_text_files_from_a_file_a_folder_or_a_glob(shared_data, wikitext_train, tmp_path):
+    novels = resolve_text_files(str(shared_data / "gutenberg"))
     assert len(novels) == 30 and novels == sorted(novels)
-    assert resolve_text_files(str(DATA_DIR / "gutenberg" / "pg1*_*.txt")) == [
+    assert resolve_text_files(str(shared_data / "gutenberg" / "pg1*_*.txt")) == [
         path for path in novels if Path(path).name.startswith("pg1")
     ]
-    assert resolve_text_files(str(WIKITEXT_TRAIN)) == [str(WIKITEXT_TRAIN)]
+    assert resolve_text_files(str(wikitext_train)) == [str(wikitext_train)]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_text_files(str(tmp_path / "missing.txt"))
     with pytest.raises(FileNotFoundError, match="No .txt files"):
@@ -99,11 +102,11 @@ def test_text_files_from_a_file_a_folder_or_a_glob(tmp_path):
     with pytest.raises(ValueError, match="Empty data file"):
         resolve_text_files(str(tmp_path))
     with pytest.raises(ValueError, match="train_file"):
-        load_raw_datasets("wikitext", validation_file=str(WIKITEXT_TRAIN))
+        load_raw_datasets("wikitext", validation_file=str(wikitext_train))
 
 
-def test_blocks_are_the_running_token_stream_cut_in_order(bpe_tokenizer, tmp_path):
-    lines = _first_lines(WIKITEXT_TRAIN, 60)
+def test_blocks_are_the_running_token_stream_cut_in_order(wikitext_train, bpe_tokenizer, tmp_path):
+    lines = _first_lines(wikitext_train, 60)
     (tmp_path / "train.txt").write_text("".join(lines))
     raw_datasets = load_raw_datasets("unused", train_file=str(tmp_path / "train.txt"))
     blocks = tokenize_and_group(raw_datasets, bpe_tokenizer, block_size=17)["train"]["input_ids"]
@@ -115,8 +118,8 @@ def test_blocks_are_the_running_token_stream_cut_in_order(bpe_tokenizer, tmp_pat
     assert list(chain.from_iterable(blocks)) == stream[: len(blocks) * 17]
 
 
-def test_lines_longer_than_the_model_become_blocks_without_a_length_warning(bpe_tokenizer, tmp_path):
-    lines = _first_lines(WIKITEXT_TRAIN, 60)
+def test_lines_longer_than_the_model_become_blocks_without_a_length_warning(wikitext_train, bpe_tokenizer, tmp_path):
+    lines = _first_lines(wikitext_train, 60)
     (tmp_path / "train.txt").write_text("".join(lines))
     raw_datasets = load_raw_datasets("unused", train_file=str(tmp_path / "train.txt"))
     tokenizer = copy.deepcopy(bpe_tokenizer)
@@ -130,8 +133,8 @@ def test_lines_longer_than_the_model_become_blocks_without_a_length_warning(bpe_
     assert list(chain.from_iterable(blocks)) == list(chain.from_iterable(line_ids))[: len(blocks) * 8]
 
 
-def test_held_out_blocks_are_fixed_disjoint_and_sized(bpe_tokenizer, tmp_path):
-    (tmp_path / "train.txt").write_text("".join(_first_lines(WIKITEXT_TRAIN, 400)))
+def test_held_out_blocks_are_fixed_disjoint_and_sized(wikitext_train, bpe_tokenizer, tmp_path):
+    (tmp_path / "train.txt").write_text("".join(_first_lines(wikitext_train, 400)))
     raw_datasets = load_raw_datasets("unused", train_file=str(tmp_path / "train.txt"))
     lm_datasets = tokenize_and_group(raw_datasets, bpe_tokenizer, block_size=32)
     first = split_blocks(lm_datasets, 32, validation_split_percentage=10)
@@ -154,9 +157,9 @@ def test_too_little_text_for_one_block_fails_clearly(bpe_tokenizer, tmp_path):
         split_blocks(lm_datasets, 128, validation_split_percentage=5)
 
 
-def test_gutenberg_novels_become_batches_of_readable_blocks():
-    tokenizer = load_tokenizer(str(DATA_DIR / "tokenizers" / "gpt2"))
-    raw_datasets = load_raw_datasets("unused", train_file=str(DATA_DIR / "gutenberg" / "pg[13][15]_*.txt"))
+def test_gutenberg_novels_become_batches_of_readable_blocks(shared_data):
+    tokenizer = load_tokenizer(str(shared_data / "tokenizers" / "gpt2"))
+    raw_datasets = load_raw_datasets("unused", train_file=str(shared_data / "gutenberg" / "pg[13][15]_*.txt"))
     lm_datasets = split_blocks(tokenize_and_group(raw_datasets, tokenizer, 128), 128, 5)
     novels_text = "".join(raw_datasets["train"]["text"])
     assert len(lm_datasets["train"]) > 500 and len(lm_datasets["validation"]) > 25
