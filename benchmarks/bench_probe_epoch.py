@@ -28,10 +28,10 @@ from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMa
 from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
-from twotower.training.phases import make_loss_function, make_optimizer, trained_module
+from twotower.training.optimization import train_step
+from twotower.training.phases import make_phase
 from twotower.training.probe_cache import build_feature_cache, replica_orders, step_positions
 from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
-from twotower.training.train import train_step
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "train.txt"
 BLOCK_SIZE = 128  # the tiny recipe's
@@ -54,8 +54,9 @@ def probe_setup(objective: str, replicas: int, tokenizer, accelerator):
     torch.manual_seed(0)
     model = MODEL_CLASSES[objective](TwoTowerConfig.from_preset("tiny", vocab_size=padded_vocab_size(tokenizer)))
     model.reset_probes(replicas)
-    trained = trained_module(config, model, accelerator.device)
-    optimizer = make_optimizer(config, trained)
+    phase = make_phase(config)
+    trained = phase.trained_module(model, accelerator.device)
+    optimizer = phase.make_optimizer(trained)
     scheduler = get_scheduler("constant", optimizer)
     return config, model, trained, optimizer, scheduler
 
@@ -78,7 +79,7 @@ def epoch_on_blocks(accelerator, trained, optimizer, scheduler, model, loader, o
 
 def epoch_on_cache(accelerator, trained, optimizer, scheduler, config, cache, objective: str, epoch: int) -> float:
     """The cached path: each step trains the probes on its replicas' cached positions. Returns seconds."""
-    loss_function = make_loss_function(config, trained)
+    loss_function = make_phase(config).loss_function(trained)
     positions_per_step = round(BATCH_BLOCKS * len(cache) / cache.num_blocks)  # a step of blocks' positions
     steps = math.ceil(len(cache) / positions_per_step)
 

@@ -13,7 +13,8 @@ from transformers import get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerProbes
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.phases import ProbesOnPositions, make_loss_function, make_optimizer
+from twotower.training.optimization import train_step
+from twotower.training.phases import ProbesOnPositions, make_phase
 from twotower.training.data import collate_blocks
 from twotower.training.probe_cache import (
     FeatureCache,
@@ -22,7 +23,6 @@ from twotower.training.probe_cache import (
     replica_orders,
     step_positions,
 )
-from twotower.training.train import train_step
 
 VOCAB_SIZE, HIDDEN_SIZE = 37, 16
 NUM_REPLICAS = 2  # probes per tower; 2 towers -> 4 probes
@@ -76,13 +76,14 @@ def batches() -> list[dict]:
 
 
 def train(probes: TwoTowerProbes, steps: list[dict], clipping: str = "per_probe") -> list[float]:
-    """The probe phase's optimizer steps (train.train_step) over `steps`; returns each step's gradient norm."""
+    """The probe phase's optimizer steps (optimization.train_step) over `steps`; returns each step's gradient norm."""
     config, accelerator = probe_phase_config(clipping), Accelerator(cpu=True)
     trained = ProbesOnPositions(probes, clip_per_probe=config.probe_grad_clipping == "per_probe")
-    optimizer = make_optimizer(config, trained)
+    phase = make_phase(config)
+    optimizer = phase.make_optimizer(trained)
     scheduler = get_scheduler("linear", optimizer, num_warmup_steps=config.num_warmup_steps,
                               num_training_steps=len(steps))  # fmt: skip
-    loss_function = make_loss_function(config, trained)
+    loss_function = phase.loss_function(trained)
     norms = []
     for batch in steps:
         _, grad_norm, _ = train_step(accelerator, trained, [batch], loss_function, optimizer, scheduler,

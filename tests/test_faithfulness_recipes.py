@@ -10,7 +10,8 @@ from transformers import get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import read_recipe
-from twotower.training.phases import ProbesOnPositions, weight_decay_groups
+from twotower.training.optimization import weight_decay_groups
+from twotower.training.phases import ProbesOnPositions
 
 # workspace/ds_config/deepspeed_config_24hbert.json:2-4: 5120 blocks a step, 128 a micro-batch, 10 accumulated, so
 # 4 processes; the schedule counts micro-batches of one process (ttlm/dslearn.py:264, 281).

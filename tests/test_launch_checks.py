@@ -11,6 +11,7 @@ import modeling_twotower
 from twotower.training.arguments import load_config
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.launch_checks import LAUNCH_PRECISION_VARIABLE, check_launch, resolve_mixed_precision
+from twotower.training.phases import make_phase
 from twotower.training.sharding import tower_placement
 
 
@@ -49,15 +50,15 @@ def test_processes_that_accelerate_does_not_see_are_refused(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(TwoTowerUserError, match=r"2 processes were launched \(WORLD_SIZE=2\) but Accelerate sees 1 "
                                                 r".*add --cpu true to the training command"):
-        check_launch(launched_accelerator(1, DistributedType.NO), load_config("tiny"))
-    check_launch(launched_accelerator(2), load_config("tiny"))
+        check_launch(launched_accelerator(1, DistributedType.NO))
+    check_launch(launched_accelerator(2))
 
 
 def test_the_probe_phase_refuses_fsdp(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(TwoTowerUserError, match="probe phase.*ddp.yaml"):
-        check_launch(launched_accelerator(1, DistributedType.FSDP), load_config("tiny_probe"))
-    check_launch(launched_accelerator(1, DistributedType.FSDP), load_config("tiny"))
+        make_phase(load_config("tiny_probe")).check_accelerator(launched_accelerator(1, DistributedType.FSDP))
+    make_phase(load_config("tiny")).check_accelerator(launched_accelerator(1, DistributedType.FSDP))
 
 
 @pytest.mark.parametrize(

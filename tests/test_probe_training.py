@@ -194,7 +194,7 @@ def test_a_step_reads_the_positions_of_each_replicas_next_blocks():
 def test_early_stopping_over_epochs_keeps_the_best(causal_model, corpus, tmp_path, monkeypatch, capsys):
     # 16 training blocks (2 steps an epoch) at a high learning rate: the probes overfit within a few epochs.
     evaluations = []
-    monkeypatch.setattr("twotower.training.train.evaluate_cached",
+    monkeypatch.setattr("twotower.training.phases.evaluate_cached",
                         lambda *args, **kwargs: evaluations.append(evaluate_cached(*args, **kwargs)) or evaluations[-1])
     result = training_function(probe_config(
         causal_model, corpus, tmp_path, max_train_blocks=16, num_train_epochs=40, learning_rate=3e-2, eval_steps=2,

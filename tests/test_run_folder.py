@@ -23,7 +23,7 @@ from twotower.training.atomic import write_atomically, write_text_atomically
 from twotower.training.checkpointing import list_checkpoints
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.folder_lock import output_dir_lock
-from twotower.training.phases import make_optimizer, trained_module
+from twotower.training.phases import make_phase
 from twotower.training.run_folder import EVAL_HISTORY, read_eval_history, readable_bytes, run_disk_bytes
 from twotower.training.train import training_function
 
@@ -162,8 +162,9 @@ def test_an_output_dir_that_cannot_be_written_fails_before_any_work(corpus, tmp_
 def disk_estimate(seed_runs) -> tuple[int, int]:
     """Bytes of a checkpoint and of the model of the small run, estimated from the parameters."""
     model = AutoModelForCausalLM.from_pretrained(seed_runs[1]["model_dir"])
-    trained = trained_module(load_config("tiny"), model, torch.device("cpu"))  # the probes are frozen
-    return run_disk_bytes(model, trained, make_optimizer(load_config("tiny"), trained))
+    phase = make_phase(load_config("tiny"))
+    trained = phase.trained_module(model, torch.device("cpu"))  # the probes are frozen
+    return run_disk_bytes(model, trained, phase.make_optimizer(trained))
 
 
 def test_the_disk_estimate_is_the_size_of_the_files_a_run_writes(seed_runs, disk_estimate):

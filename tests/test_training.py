@@ -30,14 +30,8 @@ from twotower.training.checkpointing import list_checkpoints, read_progress, res
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.early_stopping import EarlyStopping
 from twotower.training.errors import TwoTowerUserError
-from twotower.training.phases import (
-    build_model,
-    final_model_and_state_dict,
-    make_loss_function,
-    resolve_model_config,
-    trained_module,
-    weight_decay_groups,
-)
+from twotower.training.optimization import weight_decay_groups
+from twotower.training.phases import make_phase
 from twotower.training.probe_cache import build_feature_cache
 from twotower.training.run_folder import read_eval_history
 from twotower.training.throughput import flops_per_token
@@ -194,7 +188,8 @@ def test_probe_phase_draws_new_probes_from_its_seed(pretrain_run, probe_run, con
 
     def built(seed: int) -> dict:
         set_seed(seed)  # as train.py does before build_model
-        return build_model(config, resolve_model_config(config), tokenizer, "causal").state_dict()
+        phase = make_phase(config)
+        return phase.build_model(phase.resolve_model_config(), tokenizer, "causal").state_dict()
 
     first, again, other = built(1), built(1), built(2)
     for name, tensor in saved.items():
@@ -209,12 +204,13 @@ def test_probe_phase_draws_new_probes_from_its_seed(pretrain_run, probe_run, con
 
 def test_probe_loss_builds_no_graph_through_the_backbone(pretrain_run, probe_run):
     model = AutoModelForCausalLM.from_pretrained(pretrain_run["model_dir"])
-    trained = trained_module(probe_run["config"], model, torch.device("cpu"))
+    phase = make_phase(probe_run["config"])
+    trained = phase.trained_module(model, torch.device("cpu"))
     input_ids = torch.randint(0, 500, (2, 16))
     blocks = Dataset.from_dict({"input_ids": input_ids.tolist()})
     cache = build_feature_cache(Accelerator(cpu=True), model, blocks, collate_blocks, "causal", batch_size=2)
     batch = cache.replica_batch(torch.arange(len(cache)).expand(model.probes.num_replicas, -1))  # all positions
-    loss = make_loss_function(probe_run["config"], trained)(batch, 30)
+    loss = phase.loss_function(trained)(batch, 30)
     loss.backward()
     assert all(param.grad is not None for param in model.probes.parameters())
     assert all(param.grad is None for name, param in model.named_parameters() if not name.startswith("probes."))
@@ -270,7 +266,7 @@ def script_evaluations(monkeypatch, *evaluations: tuple[float, ...]):
             metrics |= {f"probe_{index}_loss": probe_loss, f"probe_{index}_perplexity": math.exp(probe_loss)}
         scripted.append(metrics)
     for name in ("evaluate_blocks", "evaluate_cached"):  # the pretrain phase's and the probe phase's
-        monkeypatch.setattr(f"twotower.training.train.{name}", lambda *args, **kwargs: scripted.pop(0))
+        monkeypatch.setattr(f"twotower.training.phases.{name}", lambda *args, **kwargs: scripted.pop(0))
 
 
 def test_early_stopping_saves_the_best_evaluation(corpus, tmp_path, monkeypatch, capsys):
@@ -397,7 +393,8 @@ def test_a_compiled_model_is_saved_under_its_own_parameter_names():
     model = modeling_twotower.TwoTowerForCausalLM(modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=64))
     compiled = torch.compile(model)  # wrapping only: nothing is compiled until it runs
     assert next(iter(compiled.state_dict())).startswith("_orig_mod.")
-    saved_model, state_dict = final_model_and_state_dict(Accelerator(cpu=True), load_config("tiny"), model, compiled)
+    phase = make_phase(load_config("tiny"))
+    saved_model, state_dict = phase.final_model_and_state_dict(Accelerator(cpu=True), model, compiled)
     assert saved_model is model
     # every parameter under its own name; the tied decoder once, as its source model.embed_tokens.weight
     assert state_dict.keys() == model.state_dict().keys() - {"lm_head.decoder.weight"}

@@ -1,19 +1,7 @@
 """Early stopping on the validation loss: keep the best evaluation's weights, stop after `patience` without gain."""
 
 import math
-import re
 from collections.abc import Callable
-
-
-def monitored_loss(metrics: dict, phase: str) -> float:
-    """
-    The loss early stopping watches: the joint model's (pretrain), or the mean over all probes (they train as one),
-    which is the mean of the towers' `probe_{t}_loss` (each the mean over the tower's replicas).
-    """
-    if phase == "pretrain":
-        return metrics["loss"]
-    tower_losses = [value for name, value in metrics.items() if re.fullmatch(r"probe_\d+_loss", name)]
-    return sum(tower_losses) / len(tower_losses)
 
 
 def copy_to_cpu(state_dict: dict) -> dict:

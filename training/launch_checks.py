@@ -1,11 +1,9 @@
 """
-What a launch gives a run, checked before any long work: one source of mixed precision, every launched process seen
-by Accelerate, and a distributed type the phase can train under.
+What a launch gives a run, checked before any long work: one source of mixed precision and every launched process
+seen by Accelerate (the distributed types a phase can train under are the phase's to check: phases.py).
 """
 
 import os
-
-from accelerate.utils import DistributedType
 
 from .arguments import TwoTowerTrainingConfig
 from .errors import TwoTowerUserError
@@ -32,8 +30,8 @@ def resolve_mixed_precision(config: TwoTowerTrainingConfig) -> tuple[str | None,
     return config.mixed_precision, "--mixed_precision"
 
 
-def check_launch(accelerator, config: TwoTowerTrainingConfig) -> None:
-    """Refuse a launch whose processes would not train together, or a distributed type the phase cannot use."""
+def check_launch(accelerator) -> None:
+    """Refuse a launch whose processes would not train together."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > accelerator.num_processes:
         raise TwoTowerUserError(
@@ -41,9 +39,4 @@ def check_launch(accelerator, config: TwoTowerTrainingConfig) -> None:
             f"{accelerator.num_processes} ({accelerator.distributed_type}), so each would train alone. On a machine "
             f"without GPUs add --cpu true to the training command (`accelerate launch --cpu` itself starts one process "
             f"without mpirun); on GPUs, check that every process sees one (CUDA_VISIBLE_DEVICES)."
-        )
-    if config.phase == "probe" and accelerator.distributed_type == DistributedType.FSDP:
-        raise TwoTowerUserError(
-            "The probe phase trains only the probes of a frozen model, which FSDP would gather at every step; "
-            "launch it with training/accelerate_configs/ddp.yaml (or one process): the probes are small."
         )

@@ -33,15 +33,12 @@ Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first 
 """
 
 import argparse
-import contextlib
 import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import ProjectConfiguration
 from tqdm.auto import tqdm
@@ -49,70 +46,15 @@ from tqdm.auto import tqdm
 from .arguments import TwoTowerTrainingConfig, load_config
 from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
 from .collective import end_processes, on_main_process
-from .early_stopping import EarlyStopping, monitored_loss
+from .early_stopping import EarlyStopping
 from .folder_lock import locked_output_dir
 from .hub import check_hub_token, push_to_hub
 from .launch_checks import check_launch, resolve_mixed_precision
-from .linear_probes import lbfgs_step
-from .objectives import SeededMaskingCollator, prediction_targets
-from .phases import (
-    clip_gradients,
-    final_model_and_state_dict,
-    probe_runs,
-    resolve_model_config,
-    resolve_objective,
-    trained_state_dict,
-)
-from .probe_cache import CACHE_DIR, replica_orders, step_positions
+from .phases import make_phase, trained_state_dict
 from .run_folder import EVAL_HISTORY, RUNS_DIR, start_or_resume
 from .run_setup import TrainingRun, prepare_run
 from .throughput import throughput_metrics
-from .validation import evaluate_blocks, evaluate_cached, format_metrics
-
-
-def accumulation_windows(batches, size: int):
-    """Group micro-batches into lists of `size` (the last may be shorter): one list per optimizer step."""
-    window = []
-    for batch in batches:
-        window.append(batch)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
-def count_targets(batch: dict, objective: str) -> torch.Tensor:
-    """Target tokens of a batch: its labelled positions (blocks), or the positions each probe reads (cached)."""
-    if "targets" in batch:  # [probes, n] cached positions, every one a target
-        return torch.tensor(batch["targets"].shape[1], device=batch["targets"].device)
-    return prediction_targets(batch["labels"], objective).ne(-100).sum()
-
-
-def train_step(accelerator, trained, window, loss_function, optimizer, lr_scheduler, max_grad_norm, objective):
-    """
-    Forward/backward over one accumulation window, clip, step; returns (global token-mean loss, grad norm, global
-    count of target tokens).
-    """
-    # Weigh every target token of the global batch equally: count them over the window and all processes.
-    num_items = accelerator.gather(sum(count_targets(batch, objective) for batch in window)).sum()
-    step_loss = 0.0
-    for index, batch in enumerate(window):
-        is_last = index == len(window) - 1
-        # The window's last micro-batch syncs: DDP and FSDP reduce gradients then, and DeepSpeed, which steps inside
-        # `accelerator.backward`, steps only then (unset, it took an optimizer step every micro-batch).
-        accelerator.sync_gradients = is_last
-        with contextlib.nullcontext() if is_last else accelerator.no_sync(trained), accelerator.autocast():
-            loss = loss_function(batch, num_items)
-            # `loss` is already this micro-batch's share of the global token mean: undo accelerate's division
-            # by the accumulation steps and DDP's mean over processes.
-            accelerator.backward(loss * accelerator.gradient_accumulation_steps * accelerator.num_processes)
-        step_loss += loss.detach().float()  # FSDP's bf16 parameters give a bf16 loss: log its float32 sum
-    grad_norm = clip_gradients(accelerator, trained, max_grad_norm) if max_grad_norm > 0 else None
-    optimizer.step()
-    lr_scheduler.step()
-    optimizer.zero_grad()
-    return accelerator.reduce(step_loss, "sum").item(), grad_norm, num_items.item()
+from .validation import format_metrics
 
 
 def save_progress(run: TrainingRun, name: str, completed_steps: int, epoch: int, units_into_epoch: int) -> None:
@@ -120,41 +62,6 @@ def save_progress(run: TrainingRun, name: str, completed_steps: int, epoch: int,
     progress = dict(completed_steps=completed_steps, epoch=epoch, batches_into_epoch=units_into_epoch,
                     steps_per_epoch=run.steps_per_epoch)
     save_checkpoint(run.accelerator, name, progress, run.tokenizer, run.config, run.config.checkpoints_total_limit)
-
-
-def epoch_windows(run: TrainingRun, epoch: int, units_to_skip: int):
-    """The optimizer steps of `epoch` after the first `units_to_skip` (batches, or probe steps) already taken."""
-    if run.is_linear:
-        if not units_to_skip:  # an epoch is one step: the full batch
-            yield [run.caches["train"]]
-    elif run.is_probe:
-        features = run.caches["train"]  # a FeatureCache, or FrozenTowerFeatures that recompute the blocks a step reads
-        orders = replica_orders(run.config.seed, epoch, run.config.probe_replicas, features.num_blocks)
-        for step in range(units_to_skip, run.steps_per_epoch):
-            positions = step_positions(orders, step, run.steps_per_epoch, run.positions_per_step, features.block_starts)
-            yield [features.replica_batch(positions)]
-    else:
-        train_dataloader = run.train_dataloader
-        train_dataloader.set_epoch(epoch)
-        if isinstance(train_dataloader.collate_fn, SeededMaskingCollator):
-            # new masks every epoch, a function of (seed, epoch, block)
-            train_dataloader.collate_fn.set_epoch(epoch)
-        batches = train_dataloader
-        if units_to_skip:  # resuming mid-epoch: the same order (seed, epoch) minus the batches already seen
-            batches = run.accelerator.skip_first_batches(train_dataloader, units_to_skip)
-        yield from accumulation_windows(batches, run.accelerator.gradient_accumulation_steps)
-
-
-def optimizer_step(run: TrainingRun, window) -> tuple[float, float | None, int]:
-    """One optimizer step: (loss, gradient norm, tokens or positions it trained on)."""
-    if run.is_linear:
-        return lbfgs_step(run.accelerator, run.trained, window[0], run.optimizer, run.lr_scheduler,
-                          run.config.probe_l2, run.eval_chunk)
-    loss, grad_norm, num_items = train_step(
-        run.accelerator, run.trained, window, run.loss_function, run.optimizer, run.lr_scheduler,
-        run.config.max_grad_norm, run.objective,
-    )
-    return loss, grad_norm, num_items if run.is_probe else len(window) * run.tokens_per_batch
 
 
 class TrainLog:
@@ -201,23 +108,17 @@ class Evaluator:
         self.early_stopping = None
         if run.config.early_stopping_patience is not None:
             self.early_stopping = EarlyStopping(run.config.early_stopping_patience, run.config.early_stopping_threshold)
-        self.frozen_joint_metrics = None  # the probe phase's joint model is frozen: evaluated once
         self.last_step = self.last_metrics = None
 
     def __call__(self, step: int) -> dict:
         run, accelerator = self.run, self.run.accelerator
-        if run.is_probe:
-            metrics = evaluate_cached(accelerator, run.model, run.caches["validation"], run.eval_chunk,
-                                      run.config.probe_chunk_size, self.frozen_joint_metrics)
-            self.frozen_joint_metrics = {name: metrics[name] for name in ("loss", "perplexity")}
-        else:
-            metrics = evaluate_blocks(accelerator, run.trained, run.eval_dataloader)
+        metrics = run.phase.evaluate(run)
         accelerator.log({f"eval/{name}": value for name, value in metrics.items()}, step=step)
         accelerator.print(f"step {step}: validation {format_metrics(metrics)}")
         if accelerator.is_main_process:
             self.record(step, metrics)
         if self.early_stopping is not None:
-            self.early_stopping.update(monitored_loss(metrics, run.config.phase), step, metrics,
+            self.early_stopping.update(run.phase.monitored_loss(metrics), step, metrics,
                                        lambda: trained_state_dict(accelerator, run.trained))
         run.trained.train()
         self.last_step, self.last_metrics = step, metrics
@@ -256,17 +157,16 @@ def train_loop(run: TrainingRun, evaluator: Evaluator) -> LoopOutcome:
     config = run.config
     completed_steps, units_to_skip, train_losses, grad_norm = run.resumed_steps, run.units_to_skip, [], None
     stopped_early = converged = False
-    epoch_checkpoints = not run.is_linear  # an L-BFGS epoch is one iteration: checkpoint every checkpointing_steps only
+    epoch_checkpoints = run.phase.checkpoints_every_epoch
     log = TrainLog(run, completed_steps)
     run.trained.train()
     for epoch in range(run.starting_epoch, run.num_epochs):
         if completed_steps >= run.max_train_steps:  # resumed from the last step's checkpoint: only the model to save
             break
         units_into_epoch = units_to_skip
-        for window in epoch_windows(run, epoch, units_to_skip):
-            loss, grad_norm, tokens = optimizer_step(run, window)
-            if run.is_linear:  # at the tolerance L-BFGS did not move; a loss that did not fall is float32's floor
-                converged = grad_norm <= config.probe_tolerance or bool(train_losses) and loss >= train_losses[-1]
+        for window in run.phase.epoch_windows(run, epoch, units_to_skip):
+            loss, grad_norm, tokens = run.phase.optimizer_step(run, window)
+            converged = run.phase.converged(loss, grad_norm, train_losses)
             completed_steps += 1
             units_into_epoch += len(window)
             train_losses.append(loss)
@@ -294,16 +194,6 @@ def train_loop(run: TrainingRun, evaluator: Evaluator) -> LoopOutcome:
     return LoopOutcome(completed_steps, train_losses, grad_norm, stopped_early, converged)
 
 
-def report_lbfgs(run: TrainingRun, outcome: LoopOutcome) -> None:
-    """How L-BFGS ended: at the tolerance, at float32's floor, or out of steps."""
-    tolerance, grad_norm = run.config.probe_tolerance, outcome.grad_norm
-    result = "converged" if grad_norm <= tolerance else "not converged; raise --max_train_steps"
-    if outcome.converged and grad_norm > tolerance:
-        result = "stopped: the objective no longer falls in float32"
-    run.accelerator.print(f"L-BFGS after {outcome.completed_steps} steps, largest gradient entry {grad_norm:.2e} "
-                          f"(tolerance {tolerance:g}): {result}")
-
-
 def kept_weights(run: TrainingRun, evaluator: Evaluator, outcome: LoopOutcome) -> tuple[dict, dict | None]:
     """
     (metrics, state dict) of the weights to save: the final ones (state None: the trained module's), evaluated
@@ -325,20 +215,16 @@ def kept_weights(run: TrainingRun, evaluator: Evaluator, outcome: LoopOutcome) -
 
 def finish_run(run: TrainingRun, evaluator: Evaluator, outcome: LoopOutcome) -> dict:
     """Evaluate, save the kept weights (Hub layout, atomically), push; returns training_function's result."""
-    config, accelerator = run.config, run.accelerator
-    if run.is_linear and outcome.train_losses:
-        report_lbfgs(run, outcome)
+    config, accelerator, phase = run.config, run.accelerator, run.phase
+    phase.report_end(run, outcome)
     eval_metrics, best_state = kept_weights(run, evaluator, outcome)
-    final_model, state_dict = final_model_and_state_dict(accelerator, config, run.model, run.trained, best_state)
-    if run.is_probe:  # scoring refuses probes without this record (it travels in config.json)
-        kept_step = evaluator.best_step if best_state is not None else outcome.completed_steps
-        final_model.config.probe_training_steps = kept_step
+    final_model, state_dict = phase.final_model_and_state_dict(accelerator, run.model, run.trained, best_state)
+    kept_step = evaluator.best_step if best_state is not None else outcome.completed_steps
+    records = phase.records(run, final_model, kept_step)
     run.tokenizer.model_max_length = final_model.config.max_position_embeddings  # the saved tokenizer's longest input
-    records = {"probe_runs": probe_runs(config, run.model.config.num_towers)} if run.is_probe else None
     model_dir = save_final_model(accelerator, final_model, state_dict, run.tokenizer, config, records)
-    if run.is_probe and accelerator.is_main_process:  # a disk cache is this run's working copy (a resume rebuilds it)
-        shutil.rmtree(Path(config.output_dir) / CACHE_DIR, ignore_errors=True)
-    accelerator.print(f"Saved the {config.phase} model to {model_dir}")
+    phase.clean_up(run)
+    accelerator.print(f"Saved the {phase.name} model to {model_dir}")
     if config.push_to_hub and accelerator.is_main_process:
         url = push_to_hub(model_dir, config.hub_model_id, private=config.hub_private_repo)
         accelerator.print(f"Pushed {model_dir} to {url}")
@@ -369,8 +255,9 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     Resuming a run that has already finished does nothing (no train losses, eval_metrics None).
     """
     # Check what can fail fast, before any long work
-    model_config = resolve_model_config(config)
-    objective = resolve_objective(config, model_config)
+    phase = make_phase(config)
+    model_config = phase.resolve_model_config()
+    objective = phase.resolve_objective(model_config)
     if config.push_to_hub:
         check_hub_token()
     mixed_precision, precision_source = resolve_mixed_precision(config)
@@ -387,7 +274,8 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         dynamo_backend="inductor" if config.torch_compile else None,
     )
-    check_launch(accelerator, config)
+    check_launch(accelerator)
+    phase.check_accelerator(accelerator)
     accelerator.print(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, mixed precision "
                       f"{accelerator.mixed_precision} (from {precision_source})")
     # One run per output folder, locked for the run's lifetime: a new run on an empty slate, a resumed one from a
@@ -396,7 +284,7 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         resume_checkpoint = on_main_process(accelerator, lambda: start_or_resume(config, accelerator.num_processes))
         if resume_checkpoint is not None and is_finished(resume_checkpoint, config):
             return finished_run(accelerator, config, resume_checkpoint)
-        run = prepare_run(config, accelerator, model_config, objective, resume_checkpoint)
+        run = prepare_run(config, phase, accelerator, model_config, objective, resume_checkpoint)
         evaluator = Evaluator(run)
         outcome = train_loop(run, evaluator)
         result = finish_run(run, evaluator, outcome)

@@ -1,0 +1,117 @@
+"""One optimizer step of AdamW over an accumulation window, the same for the joint model and for MLP probes."""
+
+import contextlib
+
+import torch
+from accelerate.utils import DistributedType
+from torch import nn
+
+from .arguments import TwoTowerTrainingConfig
+from .errors import TwoTowerUserError
+from .objectives import prediction_targets
+
+
+def weight_decay_groups(module: nn.Module, weight_decay: float, exclude: str = "norms_and_biases") -> list[dict]:
+    """
+    AdamW groups [decayed, not decayed]. `exclude` names the parameters not decayed: norms_and_biases (every norm
+    and bias), tower_norms_and_biases (the reference BERT's, ttlm/model.py prepare_optimizer_parameters: every bias
+    and the norms inside the towers' layers; the embedding, fusion and probe norms decay) or none (the reference
+    GPT's and ELMo's, which give DeepSpeed every parameter with one weight decay).
+    """
+    decay, no_decay, seen = [], [], set()
+    for module_name, submodule in module.named_modules():
+        is_norm = "norm" in module_name.rsplit(".", 1)[-1].lower()
+        in_tower_layer = ".layers." in f".{module_name}."  # model.layers.<depth>...: the towers' transformer layers
+        for name, param in submodule.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:  # tied weights appear under two modules
+                continue
+            seen.add(id(param))
+            is_bias = name.startswith("bias")  # LSTM: bias_ih_l0
+            excluded = {
+                "norms_and_biases": is_norm or is_bias,
+                "tower_norms_and_biases": (is_norm and in_tower_layer) or is_bias,
+                "none": False,
+            }[exclude]
+            (no_decay if excluded else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_adamw(config: TwoTowerTrainingConfig, trained: nn.Module) -> torch.optim.AdamW:
+    """AdamW with the config's hyper-parameters and weight-decay groups."""
+    return torch.optim.AdamW(
+        weight_decay_groups(trained, config.weight_decay, config.weight_decay_exclude),
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+    )
+
+
+def clip_gradients(accelerator, trained: nn.Module, max_grad_norm: float) -> torch.Tensor | None:
+    """
+    Clip gradients to the norm `max_grad_norm`: of all trained parameters together, or (probes with
+    `clip_per_probe`) of each probe's own. Probe p owns slice [p] of every batched probe weight; clipped alone, its
+    step is the one it would take in a run of its own (the reference trained one probe per run), so probes trained
+    together equal probes trained apart. Returns the norm before clipping: of all parameters, or the root sum of
+    squares of the probes' (the same number).
+    """
+    probes = accelerator.unwrap_model(trained, keep_torch_compile=False)
+    if not getattr(probes, "clip_per_probe", False):
+        return accelerator.clip_grad_norm_(trained.parameters(), max_grad_norm)
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise TwoTowerUserError(
+            f"Probes clip their gradients one by one, which needs each probe's whole gradient, and "
+            f"{accelerator.distributed_type} shards them; launch the probe phase with "
+            f"training/accelerate_configs/ddp.yaml or one process (probes are small), or pass --max_grad_norm 0."
+        )
+    accelerator.unscale_gradients()  # fp16: the norms of the true gradients
+    gradients = [param.grad for param in probes.parameters() if param.grad is not None]  # each [probes, ...]
+    probe_norms = torch.stack([gradient.flatten(1).float().norm(dim=1) for gradient in gradients]).norm(dim=0)
+    scales = (max_grad_norm / (probe_norms + 1e-6)).clamp(max=1.0)  # [probes], torch's clip_grad_norm_ per probe
+    for gradient in gradients:
+        gradient.mul_(scales.view(-1, *[1] * (gradient.dim() - 1)).to(gradient.dtype))
+    return probe_norms.norm()
+
+
+def accumulation_windows(batches, size: int):
+    """Group micro-batches into lists of `size` (the last may be shorter): one list per optimizer step."""
+    window = []
+    for batch in batches:
+        window.append(batch)
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def count_targets(batch: dict, objective: str) -> torch.Tensor:
+    """Target tokens of a batch: its labelled positions (blocks), or the positions each probe reads (cached)."""
+    if "targets" in batch:  # [probes, n] cached positions, every one a target
+        return torch.tensor(batch["targets"].shape[1], device=batch["targets"].device)
+    return prediction_targets(batch["labels"], objective).ne(-100).sum()
+
+
+def train_step(accelerator, trained, window, loss_function, optimizer, lr_scheduler, max_grad_norm, objective):
+    """
+    Forward/backward over one accumulation window, clip, step; returns (global token-mean loss, grad norm, global
+    count of target tokens).
+    """
+    # Weigh every target token of the global batch equally: count them over the window and all processes.
+    num_items = accelerator.gather(sum(count_targets(batch, objective) for batch in window)).sum()
+    step_loss = 0.0
+    for index, batch in enumerate(window):
+        is_last = index == len(window) - 1
+        # The window's last micro-batch syncs: DDP and FSDP reduce gradients then, and DeepSpeed, which steps inside
+        # `accelerator.backward`, steps only then (unset, it took an optimizer step every micro-batch).
+        accelerator.sync_gradients = is_last
+        with contextlib.nullcontext() if is_last else accelerator.no_sync(trained), accelerator.autocast():
+            loss = loss_function(batch, num_items)
+            # `loss` is already this micro-batch's share of the global token mean: undo accelerate's division
+            # by the accumulation steps and DDP's mean over processes.
+            accelerator.backward(loss * accelerator.gradient_accumulation_steps * accelerator.num_processes)
+        step_loss += loss.detach().float()  # FSDP's bf16 parameters give a bf16 loss: log its float32 sum
+    grad_norm = clip_gradients(accelerator, trained, max_grad_norm) if max_grad_norm > 0 else None
+    optimizer.step()
+    lr_scheduler.step()
+    optimizer.zero_grad()
+    return accelerator.reduce(step_loss, "sum").item(), grad_norm, num_items.item()
