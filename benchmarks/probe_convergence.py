@@ -21,7 +21,7 @@ import numpy as np
 
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import score_model
-from twotower.evaluation.tower_preference.preference_stats import compare_preferences
+from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.training.arguments import load_config
 from twotower.training.checkpointing import FINAL_MODEL_DIR
 from twotower.training.run_folder import continuation_options

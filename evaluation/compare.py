@@ -18,7 +18,7 @@ from twotower.training.cli import run
 from twotower.training.errors import TwoTowerUserError
 
 from .report import eligible_preferences, load_report, plot_preference_comparison
-from .tower_preference.preference_stats import compare_preferences
+from .tower_preference.comparisons import compare_preferences
 
 
 COMPARISON_JSON = "comparison.json"

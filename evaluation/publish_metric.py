@@ -24,7 +24,9 @@ from twotower.training.publish import describe_folder
 
 METRIC_NAME = "tower_preference"
 METRIC_DIR = Path(__file__).resolve().parent / METRIC_NAME
-SPACE_FILES = (f"{METRIC_NAME}.py", "preference_stats.py", "README.md", "app.py", "requirements.txt")
+# the metric script, the numerical modules it imports, the Space's app and its card and requirements
+SPACE_FILES = (*sorted(path.name for path in METRIC_DIR.glob("*.py") if path.name != "__init__.py"), "README.md",
+               "requirements.txt")
 SPACE_SDK = "gradio"
 
 

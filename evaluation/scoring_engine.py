@@ -13,7 +13,8 @@ from tqdm.auto import tqdm
 
 from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
 
-from .tower_preference.preference_stats import PreferenceAccumulator, ReplicaPreferenceAccumulator
+from .tower_preference.preference_stats import PreferenceAccumulator
+from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
 
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7

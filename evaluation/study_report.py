@@ -37,7 +37,7 @@ from .study_verdicts import (
     family_verdict, load_run_types, matched_quality, trajectory_rows,
 )
 from .token_categories import categorize, category_preferences, plot_category_preferences
-from .tower_preference.preference_stats import compare_preferences
+from .tower_preference.comparisons import compare_preferences
 
 
 TOP_TYPES = 20

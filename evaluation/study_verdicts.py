@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .report import load_report, numbered_columns, tower_columns
-from .tower_preference.preference_stats import compare_preferences, matched_correlation, preference_reliability
+from .tower_preference.comparisons import compare_preferences, matched_correlation
+from .tower_preference.reliability import preference_reliability
 
 
 BOOTSTRAP_RESAMPLES = 2000

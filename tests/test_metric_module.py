@@ -51,7 +51,8 @@ def predictions(num_predictions=400, vocab_size=12, seed=0):
 def test_load_copies_the_core_beside_the_script(tower_preference):
     # evaluate copies relatively imported sibling files into its module cache: the Space is self-contained
     module_file = Path(sys.modules[type(tower_preference).__module__].__file__)
-    assert (module_file.parent / "preference_stats.py").read_text() == (METRIC_DIR / "preference_stats.py").read_text()
+    for core in ("preference_stats.py", "replica_preference.py", "moderation.py", "reliability.py", "comparisons.py"):
+        assert (module_file.parent / core).read_text() == (METRIC_DIR / core).read_text()
 
 
 def test_compute_equals_the_core(tower_preference):

@@ -19,7 +19,7 @@ from twotower.evaluation import (
     compute_preference,
     fit_f_distribution,
 )
-from twotower.evaluation.tower_preference import preference_stats
+from twotower.evaluation.tower_preference import comparisons, moderation, preference_stats, replica_preference
 
 
 ALPHA = 0.05
@@ -413,8 +413,9 @@ def test_compare_preferences_rejects_incomparable_runs():
         compare_preferences([1, 2, 3], [[1.0, 2.0, 3.0]] * 2, [2, 3, 4], [[1.0, 2.0, 3.0]] * 2)
 
 
-def test_docstring_examples():
-    failures, attempted = doctest.testmod(preference_stats)
+@pytest.mark.parametrize("module", [preference_stats, replica_preference, comparisons], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    failures, attempted = doctest.testmod(module)
     assert attempted > 0 and failures == 0
 
 
@@ -596,7 +597,7 @@ def test_f_distribution_fit_of_equal_true_variances_and_of_too_few():
     assert prior_df == math.inf and prior_variance == pytest.approx(0.3, rel=0.05)
     assert fit_f_distribution([0.0, 0.2, 0.0, 0.3], 4)[0] == 0.0  # zero variances are left out
     for value in (0.01, 1.0, 30.0):
-        assert preference_stats.trigamma_inverse(float(special.polygamma(1, value))) == pytest.approx(value, rel=1e-8)
+        assert moderation.trigamma_inverse(float(special.polygamma(1, value))) == pytest.approx(value, rel=1e-8)
 
 
 def test_reliability_matches_the_planted_variance_components():

@@ -29,7 +29,7 @@ from modeling_twotower import TwoTowerForCausalLM
 from twotower.evaluation.publish_metric import SPACE_FILES, stage_metric_space
 from twotower.evaluation.publish_metric import main as publish_metric_main
 from twotower.evaluation.score import score_model
-from twotower.evaluation.tower_preference.preference_stats import compute_preference
+from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.publish import main as publish_main

@@ -18,7 +18,8 @@ from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
 from twotower.evaluation.study_report import category_recurrence, compute_minutes, run_rows
-from twotower.evaluation.tower_preference.preference_stats import compare_preferences, compute_preference
+from twotower.evaluation.tower_preference.comparisons import compare_preferences
+from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
 from twotower.training.loading import load_two_tower, read_training_config

@@ -29,27 +29,16 @@ the difference of the probes' log perplexities). It is always reported; with cen
 subtracted from every type's preference before testing, so what remains is each type's preference
 relative to the towers' overall difference.
 
-Probe replicas: a second probe trained on the same tower disagrees with the first per token type
-about as much as the towers' probes do, so the occurrence-level test of one probe per tower mostly
-tests one probe against another. ReplicaPreferenceAccumulator takes several probes per tower and
-tests each type's preference against the spread between replicas (paired by training run when
-given, with the replica variances moderated across types as in limma), and reports the
-reliability of the per-type preference and the same-tower floor. Its summary adds "test":
-"replica", occurrence_* copies of the occurrence-level significance, the probe layout
-(num_probes, probe_towers, probe_runs, paired, replicas_per_tower), reliability, reliability_ci,
-reliability_single_probe, prior_df, prior_variance, residual_df, two_tower_difference_nats and
-same_tower_floor_nats.
-
-This file needs only numpy and scipy, so the `evaluate` module beside it and the twotower
-package (`twotower.evaluation`) share one copy of the maths.
+The replica-level test (several probes per tower) is replica_preference.py's; moderation.py fits its variance
+prior, reliability.py its reliability and interval, comparisons.py correlates two runs' preferences. These files
+need only numpy and scipy, so the `evaluate` module beside them and the twotower package (`twotower.evaluation`)
+share one copy of the maths.
 """
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import optimize
 from scipy import special
 from scipy import stats
 
@@ -58,10 +47,6 @@ CHUNK_SIZE = 1 << 16  # predictions aggregated per pass: keeps the sort and binc
 NUM_HALVES = 2  # occurrence i of a token type goes to half i % 2 (split-half consistency)
 MIN_TYPES_FOR_CORRELATION = 3  # a correlation over fewer token types is meaningless
 MIN_TYPES_FOR_BIMODALITY = 4  # Sarle's coefficient needs the bias-corrected kurtosis, defined from n = 4
-MIN_VARIANCES_FOR_PRIOR = 3  # limma's prior fit needs the variance of the log variances, and a few of them
-BOOTSTRAP_RESAMPLES = 1000
-BOOTSTRAP_SEED = 0  # fixed: the same predictions always give the same reliability interval
-BOOTSTRAP_BATCH_VALUES = 1 << 24  # resampled values held at once (128 MiB), whatever the number of token types
 SIGNIFICANCE_KEYS = ("num_significant", "significant_share", "num_significant_preferring")
 
 
@@ -364,14 +349,7 @@ class PreferenceAccumulator:
                 tower that is better overall does not make every type prefer it. mean_logprob and
                 standard_error are unchanged.
         """
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1); got {alpha}.")
-        if int(min_count) != min_count or min_count < 2:
-            raise ValueError(
-                f"min_count must be an integer >= 2 (a standard error needs 2 occurrences); got {min_count}."
-            )
-        if int(top_k) != top_k or top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0; got {top_k}.")
+        check_compute_options(alpha, min_count, top_k)
         if self.num_predictions == 0:
             raise ValueError("no predictions to compute preference from: call update() with at least one batch.")
 
@@ -390,7 +368,7 @@ class PreferenceAccumulator:
         # a constant shift leaves the variance alone: the t-test of preference - offset uses the same error
         standard_error = _paired_standard_error(sum_preference, sum_sq_preference, count)
         eligible = count >= min_count
-        preferred_tower, p_value, significant = _test_preferred_tower(
+        preferred_tower, p_value, significant = preferred_tower_test(
             preference_nats, standard_error, np.maximum(count - 1, 1), eligible, alpha
         )
 
@@ -410,6 +388,16 @@ class PreferenceAccumulator:
         )
         result.summary = _summarize(result, half_preference, alpha, min_count, top_k, global_offset, center)
         return result
+
+
+def check_compute_options(alpha, min_count, top_k):
+    """Refuse options of `compute` out of their ranges, naming the value."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1); got {alpha}.")
+    if int(min_count) != min_count or min_count < 2:
+        raise ValueError(f"min_count must be an integer >= 2 (a standard error needs 2 occurrences); got {min_count}.")
+    if int(top_k) != top_k or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0; got {top_k}.")
 
 
 def _paired_standard_error(sum_preference, sum_sq_preference, count):
@@ -432,7 +420,7 @@ def _two_sided_p_value(preference_nats, standard_error, df):
     return 2 * special.stdtr(df, -t_statistic)  # stdtr is the t distribution's CDF
 
 
-def _test_preferred_tower(preference_nats, standard_error, df, eligible, alpha):
+def preferred_tower_test(preference_nats, standard_error, df, eligible, alpha):
     """(preferred_tower, p_value, significant) [types]: the t-test of each type's preferred tower, then
     Benjamini-Hochberg at alpha among the eligible types."""
     num_towers = preference_nats.shape[0]
@@ -486,7 +474,7 @@ def _summarize(result, half_preference, alpha, min_count, top_k, global_offset, 
             _share(count[preferred == tower_idx].sum(), count.sum()) for tower_idx in range(num_towers)
         ],
         "mean_abs_preference_nats": float(margin.mean()) if num_eligible else None,
-        **_significance_summary(result.significant, result.preferred_tower, num_towers, num_eligible),
+        **significance_summary(result.significant, result.preferred_tower, num_towers, num_eligible),
         "split_half_consistency": None if None in consistency else float(np.mean(consistency)),
         "bimodality_coefficient": None if None in bimodality else float(np.mean(bimodality)),
         "top_token_ids": top_token_ids,
@@ -494,7 +482,7 @@ def _summarize(result, half_preference, alpha, min_count, top_k, global_offset, 
     }
 
 
-def _significance_summary(significant, preferred_tower, num_towers, num_eligible):
+def significance_summary(significant, preferred_tower, num_towers, num_eligible):
     """num_significant, significant_share (of eligible types) and num_significant_preferring (one per tower)."""
     return {
         "num_significant": int(significant.sum()),
@@ -511,443 +499,12 @@ def _share(part, total):
     return float(part / total) if total else None
 
 
-def trigamma_inverse(value):
-    """The y > 0 with trigamma(y) = value > 0, by Smyth's Newton iteration (limma's trigammaInverse)."""
-    if value > 1e7:
-        return 1.0 / math.sqrt(value)
-    if value < 1e-6:
-        return 1.0 / value
-    y = 0.5 + 1.0 / value  # a start below the root, from which Newton's steps increase monotonically
-    for _ in range(50):
-        trigamma = special.polygamma(1, y)
-        step = trigamma * (1.0 - trigamma / value) / special.polygamma(2, y)
-        y += step
-        if -step / y < 1e-8:
-            break
-    return float(y)
-
-
-def fit_f_distribution(variances, df):
-    """Prior (df, variance) of residual variances on df degrees of freedom: limma's fitFDist (Smyth 2004).
-
-    Each variance is taken as prior_variance times an F(df, prior_df) draw; the method of moments on the log
-    variances fits both. Zero variances are left out (their log is undefined). Returns (inf, variance) when the
-    variances vary no more than df alone explains, and (0, NaN), no moderation, with fewer than 3 positive ones.
-    """
-    variances = np.asarray(variances, dtype=np.float64)
-    variances = variances[variances > 0]
-    if variances.shape[0] < MIN_VARIANCES_FOR_PRIOR:
-        return 0.0, math.nan
-    log_variance = np.log(variances) - special.digamma(df / 2) + math.log(df / 2)
-    log_mean = float(log_variance.mean())
-    excess_variance = float(log_variance.var(ddof=1) - special.polygamma(1, df / 2))
-    if excess_variance <= 0:
-        return math.inf, math.exp(log_mean)
-    prior_df = 2 * trigamma_inverse(excess_variance)
-    return prior_df, math.exp(log_mean + special.digamma(prior_df / 2) - math.log(prior_df / 2))
-
-
-def _moderated_variance(residual_variance, residual_df, prior_df, prior_variance):
-    """Posterior variance (prior_df prior_variance + residual_df residual_variance) / (prior_df + residual_df)."""
-    if prior_df == 0:
-        return residual_variance
-    if math.isinf(prior_df):
-        return np.full_like(residual_variance, prior_variance)
-    return (prior_df * prior_variance + residual_df * residual_variance) / (prior_df + residual_df)
-
-
-def preference_reliability(preference_nats, sampling_variance):
-    """1 - mean(sampling_variance) / var(preference_nats) over token types (last axis), averaged over contrast
-    rows (the axis before): the share of the across-type variance of the preference that is not replica noise.
-    """
-    share_of_noise = sampling_variance.mean(axis=-1) / preference_nats.var(axis=-1, ddof=1)
-    return (1.0 - share_of_noise).mean(axis=-1)
-
-
-def _reliability_interval(preference_nats, sampling_variance):
-    """Percentile bootstrap interval [low, high] of `reliability` over token types ([rows, types] inputs)."""
-    num_rows, num_types = preference_nats.shape
-
-    def statistic(*samples, axis):  # each row's preferences, then each row's variances; resampled types last
-        return preference_reliability(np.stack(samples[:num_rows], axis=-2), np.stack(samples[num_rows:], axis=-2))
-
-    batch = max(1, BOOTSTRAP_BATCH_VALUES // (2 * num_rows * num_types))  # resamples held in memory at once
-    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of one repeated type has no variance
-        interval = stats.bootstrap(
-            (*preference_nats, *sampling_variance), statistic, n_resamples=BOOTSTRAP_RESAMPLES, batch=batch,
-            vectorized=True, paired=True, axis=-1, method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED),
-        ).confidence_interval
-    return [_finite_or_none(interval.low), _finite_or_none(interval.high)]
-
-
-def _finite_or_none(value):
-    return float(value) if np.isfinite(value) else None
-
-
-def _check_probe_layout(probe_towers, probe_runs):
-    """Validate which tower (and run) each probe belongs to; returns (probe_towers, run_probes [runs, towers] or None).
-
-    run_probes[r, t] is the probe of tower t trained in run r. Since every tower has >= 2 probes and every run one
-    probe of each tower, there are >= 2 runs.
-    """
-    probe_towers = np.asarray(probe_towers)
-    if probe_towers.ndim != 1 or not np.issubdtype(probe_towers.dtype, np.integer):
-        raise ValueError(
-            f"probe_towers must be a list of tower indices, one int per probe; got {probe_towers.tolist()}."
-        )
-    towers, replicas = np.unique(probe_towers, return_counts=True)
-    if towers.tolist() != list(range(towers.shape[0])) or towers.shape[0] < 2:
-        raise ValueError(
-            f"probe_towers must name towers 0, 1, ..., num_towers - 1 (at least 2, none skipped); got "
-            f"probe_towers={probe_towers.tolist()}."
-        )
-    if replicas.min() < 2:
-        raise ValueError(
-            "the replica-level test needs at least 2 probe replicas per tower; got "
-            f"probe_towers={probe_towers.tolist()} (tower {int(np.argmin(replicas))} has 1). Train more probes per "
-            "tower (another seed or data order), or drop probe_towers for the occurrence-level test of one probe "
-            "per tower."
-        )
-    if probe_runs is None:
-        return probe_towers, None
-    probe_runs = np.asarray(probe_runs)
-    if probe_runs.shape != probe_towers.shape or not np.issubdtype(probe_runs.dtype, np.integer):
-        raise ValueError(
-            f"probe_runs must hold one int per probe, as probe_towers does ({probe_towers.shape[0]}); got "
-            f"probe_runs={probe_runs.tolist()}."
-        )
-    run_probes = []
-    for run in np.unique(probe_runs):
-        in_run = np.flatnonzero(probe_runs == run)
-        if sorted(probe_towers[in_run].tolist()) != towers.tolist():
-            raise ValueError(
-                f"run {run} holds probes of towers {sorted(probe_towers[in_run].tolist())}; with probe_runs every run "
-                f"needs exactly one probe of every tower {towers.tolist()}. Drop probe_runs to compare independent "
-                "replica means."
-            )
-        run_probes.append(in_run[np.argsort(probe_towers[in_run])])
-    return probe_towers, np.stack(run_probes)
-
-
-def _pair_differences(probe_logprob, pairs):
-    """Per type, the mean over probe pairs (p, q) of |probe_logprob[p] - probe_logprob[q]|: [types]."""
-    first, second = np.asarray(pairs).T
-    return np.abs(probe_logprob[first] - probe_logprob[second]).mean(axis=0)
-
-
-class ReplicaPreferenceAccumulator:
-    """Tower preference from several probe replicas per tower, tested with the replica as unit of replication.
-
-    A second probe trained on the same tower differs from the first about as much as the towers' probes do, so an
-    occurrence-level test of one probe per tower mostly tests one probe against another. With K >= 2 probes per
-    tower (other seeds or data orders), each type's preference is tested against how much the replicas differ:
-    paired by training run when `probe_runs` is given (probes of one run share much of their per-type error, which
-    the tower contrast within the run cancels), pooled within towers otherwise. The replica variances of all
-    eligible types are shrunk towards a fitted prior (limma's moderated t, Smyth 2004), which gives a few replicas
-    the power of many types. The occurrence-level test on each tower's replica-mean log-prob is kept alongside.
-
-    Args:
-        probe_towers: the tower (0 .. num_towers - 1) each probe reads, one int per row of gold_logprobs.
-        probe_runs: optional, the training run each probe comes from; every run holds one probe of every tower.
-        vocab_size: when given, larger token ids are rejected.
-
-    Example:
-        >>> accumulator = ReplicaPreferenceAccumulator(probe_towers=[0, 0, 1, 1], probe_runs=[0, 1, 0, 1])
-        >>> gold_logprobs = [[-1.0, -1.5, -2.0], [-1.2, -1.3, -2.2], [-2.0, -2.5, -1.0], [-2.1, -2.6, -1.1]]
-        >>> accumulator.update([3, 3, 4], gold_logprobs)  # [probes, predictions]
-        >>> result = accumulator.compute(min_count=2)
-        >>> result.preference_nats[0].round(2).tolist(), result.probe_mean_logprob.shape
-        ([1.05, -1.05], (4, 2))
-    """
-
-    def __init__(self, probe_towers, probe_runs=None, vocab_size=None):
-        self.probe_towers, self.run_probes = _check_probe_layout(probe_towers, probe_runs)
-        self.probe_runs = None if probe_runs is None else [int(run) for run in probe_runs]
-        self.replicas_per_tower = np.bincount(self.probe_towers)  # [towers]
-        num_towers, num_probes = self.replicas_per_tower.shape[0], self.probe_towers.shape[0]
-        reads_tower = np.arange(num_towers)[:, None] == self.probe_towers  # [towers, probes]
-        self.replica_mean_weights = reads_tower / self.replicas_per_tower[:, None]  # weights @ logprobs: tower means
-        self.occurrences = PreferenceAccumulator(num_towers, vocab_size)  # fed each tower's replica mean
-        self.probe_sum_logprob = np.zeros((num_probes, vocab_size or 0))  # [probes, vocab] float64
-
-    @property
-    def num_towers(self):
-        return self.occurrences.num_towers
-
-    @property
-    def num_probes(self):
-        return self.probe_towers.shape[0]
-
-    @property
-    def num_predictions(self):
-        return self.occurrences.num_predictions
-
-    @property
-    def num_replicas(self):
-        """Replicas a tower's preference averages: the runs when paired, else the mean probes per tower."""
-        return self.run_probes.shape[0] if self.run_probes is not None else float(self.replicas_per_tower.mean())
-
-    def _match_capacity(self):
-        padding = self.occurrences.count.shape[-1] - self.probe_sum_logprob.shape[-1]
-        if padding > 0:
-            self.probe_sum_logprob = np.pad(self.probe_sum_logprob, ((0, 0), (0, padding)))
-
-    def update(self, token_ids, gold_logprobs):
-        """Add predictions: token_ids [n] (gold ids, >= 0), gold_logprobs [probes, n] (each probe's log-prob)."""
-        token_ids, gold_logprobs = validate_predictions(token_ids, gold_logprobs, self.occurrences.vocab_size)
-        if gold_logprobs.shape[0] != self.num_probes:
-            raise ValueError(
-                f"gold_logprobs has {gold_logprobs.shape[0]} probe rows but probe_towers names {self.num_probes} "
-                "probes; pass one row per probe, in probe_towers order."
-            )
-        self.occurrences.update(token_ids, self.replica_mean_weights @ gold_logprobs)  # [towers, n] float64
-        self._match_capacity()
-        capacity = self.probe_sum_logprob.shape[-1]
-        for probe_idx, logprobs in enumerate(gold_logprobs):
-            self.probe_sum_logprob[probe_idx] += np.bincount(token_ids, weights=logprobs, minlength=capacity)
-
-    def merge(self, other):
-        """Add another accumulator's statistics (same probes, e.g. gathered from another process); returns self."""
-        if self.probe_towers.tolist() != other.probe_towers.tolist() or self.probe_runs != other.probe_runs:
-            raise ValueError(
-                f"cannot merge an accumulator of probe_towers={other.probe_towers.tolist()}, probe_runs="
-                f"{other.probe_runs} into one of probe_towers={self.probe_towers.tolist()}, "
-                f"probe_runs={self.probe_runs}."
-            )
-        if other.num_predictions == 0:
-            return self
-        self.occurrences.merge(other.occurrences)
-        self._match_capacity()
-        self.probe_sum_logprob[:, : other.probe_sum_logprob.shape[-1]] += other.probe_sum_logprob
-        return self
-
-    def _residual_variance(self, probe_logprob):
-        """Replica noise of each type's tower contrast, from per-probe mean log-probs [probes, types].
-
-        Returns (residual_variance [towers, types], residual_df, se_factor [towers, 1]): the squared standard
-        error of preference_nats is residual_variance * se_factor.
-        """
-        if self.run_probes is not None:  # the contrast within each run, then its spread over runs
-            num_runs = self.run_probes.shape[0]
-            run_contrast = tower_contrast(probe_logprob[self.run_probes], axis=1)  # [runs, towers, types]
-            return run_contrast.var(axis=0, ddof=1), num_runs - 1, np.full((self.num_towers, 1), 1.0 / num_runs)
-        tower_mean = self.replica_mean_weights @ probe_logprob  # [towers, types]
-        deviation = probe_logprob - tower_mean[self.probe_towers]
-        residual_df = self.num_probes - self.num_towers
-        pooled = (deviation**2).sum(axis=0) / residual_df  # [types], one variance for all towers' replicas
-        inverse_replicas = 1.0 / self.replicas_per_tower
-        # Var(tower t's mean - mean of the others' means) / variance of one replica
-        se_factor = inverse_replicas + (inverse_replicas.sum() - inverse_replicas) / (self.num_towers - 1) ** 2
-        return np.broadcast_to(pooled, (self.num_towers, pooled.shape[0])), residual_df, se_factor[:, None]
-
-    def _probe_pairs(self):
-        """(pairs of probes of two towers from two runs, pairs of probes of one tower): lists of (p, q)."""
-        two_tower, same_tower = [], []
-        for first, second in itertools.combinations(range(self.num_probes), 2):
-            if self.probe_towers[first] == self.probe_towers[second]:
-                same_tower.append((first, second))
-            elif self.probe_runs is None or self.probe_runs[first] != self.probe_runs[second]:
-                two_tower.append((first, second))
-        return two_tower, same_tower
-
-    def compute(self, alpha=0.05, min_count=10, top_k=20, center=False):
-        """Per-type preference with the replica-level test, and the occurrence-level one, as a PreferenceResult.
-
-        The options are PreferenceAccumulator.compute's. With center=True each probe's per-type mean log-prob is
-        first taken relative to its mean over all predictions, so a replica or tower that is better overall
-        neither shifts every type's preference nor adds to the replica noise.
-        """
-        occurrence = self.occurrences.compute(alpha=alpha, min_count=min_count, top_k=top_k, center=center)
-        token_ids, count, eligible = occurrence.token_ids, occurrence.count, occurrence.eligible
-        probe_logprob = self.probe_sum_logprob[:, token_ids] / count  # [probes, types]
-        compared_logprob = probe_logprob
-        if center:
-            compared_logprob = probe_logprob - (self.probe_sum_logprob.sum(axis=1) / count.sum())[:, None]
-
-        residual_variance, residual_df, se_factor = self._residual_variance(compared_logprob)
-        # one prior for all: with two towers (or pooled replicas) every contrast row has the same variances
-        pooled_rows = self.run_probes is not None and self.num_towers > 2
-        fitted_rows = residual_variance if pooled_rows else residual_variance[:1]
-        prior_df, prior_variance = fit_f_distribution(fitted_rows[:, eligible].ravel(), residual_df)
-        posterior_variance = _moderated_variance(residual_variance, residual_df, prior_df, prior_variance)
-        standard_error = np.sqrt(posterior_variance * se_factor)  # [towers, types]
-        preferred_tower, p_value, significant = _test_preferred_tower(
-            occurrence.preference_nats, standard_error, residual_df + prior_df, eligible, alpha
-        )
-
-        two_tower_pairs, same_tower_pairs = self._probe_pairs()
-        result = PreferenceResult(
-            token_ids=token_ids,
-            count=count,
-            mean_logprob=occurrence.mean_logprob,
-            preference_nats=occurrence.preference_nats,
-            standard_error=standard_error,
-            preferred_tower=preferred_tower,
-            p_value=p_value,
-            eligible=eligible,
-            significant=significant,
-            probe_mean_logprob=probe_logprob,
-            occurrence_standard_error=occurrence.standard_error,
-            occurrence_p_value=occurrence.p_value,
-            occurrence_significant=occurrence.significant,
-            two_tower_difference_per_type_nats=_pair_differences(compared_logprob, two_tower_pairs),
-            same_tower_difference_per_type_nats=_pair_differences(compared_logprob, same_tower_pairs),
-        )
-        sampling_variance = residual_variance * se_factor  # unmoderated: the replicas' own noise
-        rows = slice(1) if self.num_towers == 2 else slice(None)  # with two towers row 1 mirrors row 0
-        result.summary = {
-            "test": "replica",
-            **occurrence.summary,
-            **_significance_summary(significant, preferred_tower, self.num_towers, int(eligible.sum())),
-            **{f"occurrence_{key}": occurrence.summary[key] for key in SIGNIFICANCE_KEYS},
-            "num_probes": self.num_probes,
-            "probe_towers": self.probe_towers.tolist(),
-            "probe_runs": self.probe_runs,
-            "paired": self.probe_runs is not None,
-            "replicas_per_tower": self.replicas_per_tower.tolist(),
-            **_reliability_summary(
-                occurrence.preference_nats[rows][:, eligible], sampling_variance[rows][:, eligible], self.num_replicas
-            ),
-            "prior_df": None if math.isinf(prior_df) else float(prior_df),
-            "prior_variance": _finite_or_none(prior_variance),
-            "residual_df": int(residual_df),
-            "two_tower_difference_nats": _mean_or_none(result.two_tower_difference_per_type_nats[eligible]),
-            "same_tower_floor_nats": _mean_or_none(result.same_tower_difference_per_type_nats[eligible]),
-        }
-        return result
-
-
-def _reliability_summary(preference_nats, sampling_variance, replicas):
-    """reliability, reliability_ci and reliability_single_probe from the eligible types' preferences [rows, types]
-    and their squared replica-level standard errors; None with too few types or no spread between them."""
-    if preference_nats.shape[1] < MIN_TYPES_FOR_CORRELATION or (np.ptp(preference_nats, axis=1) == 0).any():
-        return {"reliability": None, "reliability_ci": [None, None], "reliability_single_probe": None}
-    reliability = float(preference_reliability(preference_nats, sampling_variance))
-    return {
-        "reliability": reliability,
-        "reliability_ci": _reliability_interval(preference_nats, sampling_variance),
-        # Spearman-Brown: from the reliability of a mean of `replicas` probes to that of one probe per tower
-        "reliability_single_probe": reliability / (replicas - (replicas - 1) * reliability),
-    }
-
-
-def _mean_or_none(values):
-    return float(values.mean()) if values.shape[0] else None
-
-
-def compute_preference(
-    token_ids, gold_logprobs, *, alpha=0.05, min_count=10, top_k=20, center=False, vocab_size=None,
-    probe_towers=None, probe_runs=None,
-):
-    """One-shot tower preference: token_ids [n], gold_logprobs [towers, n] -> PreferenceResult.
-
-    The options are PreferenceAccumulator.compute's; vocab_size, when given, rejects larger token ids. With
-    probe_towers (and optionally probe_runs), gold_logprobs has one row per probe replica, [probes, n], and the
-    result carries the replica-level test (see ReplicaPreferenceAccumulator).
-
-    Example:
-        >>> result = compute_preference([3, 3, 4, 4], [[-1.0, -1.2, -3.0, -3.2], [-2.0, -2.4, -1.0, -1.0]], min_count=2)
-        >>> result.preference_nats[0].round(2).tolist(), result.preferred_tower.tolist()
-        ([1.1, -2.1], [0, 1])
-    """
-    if probe_towers is not None:
-        accumulator = ReplicaPreferenceAccumulator(probe_towers, probe_runs, vocab_size)
-    elif probe_runs is not None:
-        raise ValueError(
-            f"probe_runs={list(probe_runs)} needs probe_towers, the tower each probe reads; pass both, or neither "
-            "for one probe per tower."
-        )
-    else:
-        accumulator = PreferenceAccumulator(vocab_size=vocab_size)
-    accumulator.update(token_ids, gold_logprobs)
-    return accumulator.compute(alpha=alpha, min_count=min_count, top_k=top_k, center=center)
-
-
-def compare_preferences(token_ids_a, preference_nats_a, token_ids_b, preference_nats_b):
-    """Correlate two models' (or runs') per-type preferences over their shared token types, matching towers.
-
-    Tower labels are arbitrary, so tower j of run B is matched to tower i of run A by the assignment
-    that maximizes the summed correlation (for two towers: the larger of corr and -corr).
-
-    Args:
-        token_ids_a: [types] token ids of run A (pass only the types to compare, e.g. eligible ones).
-        preference_nats_a: [towers, types] run A's preference_nats over those ids.
-        token_ids_b: [types] token ids of run B.
-        preference_nats_b: [towers, types] run B's preference_nats over those ids.
-
-    Returns:
-        dict with `correlation` (mean matched correlation), `tower_mapping` (run B's tower matched to each of
-        run A's towers), `correlation_matrix` (towers of A by towers of B) and `num_shared_types`.
-
-    Example:
-        >>> comparison = compare_preferences(
-        ...     [1, 2, 3], [[1.0, -1.0, 2.0], [-1.0, 1.0, -2.0]], [2, 3, 1], [[1.0, -2.0, -1.0], [-1.0, 2.0, 1.0]]
-        ... )
-        >>> comparison["correlation"], comparison["tower_mapping"], comparison["num_shared_types"]
-        (1.0, [1, 0], 3)
-    """
-    token_ids_a, preference_a = _as_preference_table(token_ids_a, preference_nats_a, "a")
-    token_ids_b, preference_b = _as_preference_table(token_ids_b, preference_nats_b, "b")
-    if preference_a.shape[0] != preference_b.shape[0]:
-        raise ValueError(
-            f"run a has {preference_a.shape[0]} towers but run b has {preference_b.shape[0]}; "
-            "tower preferences can only be matched between models with the same number of towers."
-        )
-    shared, index_a, index_b = np.intersect1d(token_ids_a, token_ids_b, return_indices=True)
-    if shared.shape[0] < MIN_TYPES_FOR_CORRELATION:
-        raise ValueError(
-            f"the runs share {shared.shape[0]} token types; a correlation needs at least {MIN_TYPES_FOR_CORRELATION}."
-        )
-    preference_a, preference_b = preference_a[:, index_a], preference_b[:, index_b]
-    for name, preference in (("a", preference_a), ("b", preference_b)):
-        if (np.ptp(preference, axis=1) == 0).any():
-            raise ValueError(
-                f"run {name} has a tower whose preference is constant over the shared types; no correlation."
-            )
-    correlation, mapping, correlation_matrix = matched_correlation(preference_a, preference_b)
-    return {
-        "correlation": correlation,
-        "tower_mapping": mapping.tolist(),
-        "correlation_matrix": correlation_matrix.tolist(),
-        "num_shared_types": int(shared.shape[0]),
-    }
-
-
-def matched_correlation(preference_a, preference_b):
-    """
-    (mean matched correlation, run B's tower matched to each of run A's, the correlation matrix) of two runs'
-    preferences [towers, types] over the same types in the same order: `compare_preferences` after aligning types.
-    """
-    num_towers = preference_a.shape[0]
-    correlation_matrix = np.corrcoef(preference_a, preference_b)[:num_towers, num_towers:]
-    rows, mapping = optimize.linear_sum_assignment(correlation_matrix, maximize=True)
-    return float(correlation_matrix[rows, mapping].mean()), mapping, correlation_matrix
-
-
-def _as_preference_table(token_ids, preference_nats, name):
-    token_ids = np.asarray(token_ids)
-    preference_nats = np.asarray(preference_nats, dtype=np.float64)
-    if preference_nats.ndim != 2 or preference_nats.shape[1] != token_ids.shape[0]:
-        raise ValueError(
-            f"preference_nats_{name} must be [towers, types] with one column per token id; got shape "
-            f"{preference_nats.shape} for {token_ids.shape[0]} token ids."
-        )
-    if np.unique(token_ids).shape[0] != token_ids.shape[0]:
-        raise ValueError(f"token_ids_{name} has repeated ids; pass one column per token type.")
-    if not np.isfinite(preference_nats).all():
-        raise ValueError(f"preference_nats_{name} has NaN or infinite values.")
-    return token_ids, preference_nats
-
-
 __all__ = [
     "PreferenceAccumulator",
     "PreferenceResult",
-    "ReplicaPreferenceAccumulator",
-    "compare_preferences",
-    "compute_preference",
-    "fit_f_distribution",
+    "preferred_tower_test",
     "sarle_bimodality_coefficient",
+    "significance_summary",
     "tower_contrast",
-    "trigamma_inverse",
     "validate_predictions",
 ]

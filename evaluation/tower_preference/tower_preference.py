@@ -22,7 +22,13 @@ import evaluate
 import numpy as np
 import yaml
 
-from .preference_stats import compute_preference
+# evaluate.load copies beside this script only the sibling files that it imports itself, not those they import, and
+# reads a comment after an import as a URL to fetch: one plain line for each module of the maths
+from .comparisons import compare_preferences
+from .moderation import fit_f_distribution
+from .preference_stats import validate_predictions
+from .reliability import preference_reliability
+from .replica_preference import compute_preference
 
 
 PROBE_PHASE_COMMAND = (
