@@ -2,6 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
+from .checkpoint_checks import TwoTowerCheckpointError
 from .configuration_twotower import PRESETS, TwoTowerConfig
 from .modeling_twotower import (
     TwoTowerForCausalLM,
@@ -25,6 +26,7 @@ TwoTowerForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
 __all__ = [
     "PRESETS",
+    "TwoTowerCheckpointError",
     "TwoTowerConfig",
     "TwoTowerModel",
     "TwoTowerForCausalLM",

@@ -3,8 +3,13 @@ the fix, before any work (instead of an IndexError or a silent broadcast deep in
 
 import torch
 from transformers.masking_utils import find_packed_sequence_indices
+from transformers.utils import logging
 
 from .configuration_twotower import TwoTowerConfig
+
+logger = logging.get_logger(__name__)
+
+TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # what the embedding looks token ids up with
 
 
 def check_inputs(
@@ -21,6 +26,8 @@ def check_inputs(
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
     check_input_shape(input_ids, inputs_embeds)
+    if input_ids is not None:
+        check_input_ids_dtype(input_ids)
     if config.tower_type == "lstm" and (use_cache or output_attentions):
         option = "use_cache" if use_cache else "output_attentions"
         raise ValueError(
@@ -69,6 +76,22 @@ def check_input_shape(input_ids, inputs_embeds):
         )
 
 
+def check_input_ids_dtype(input_ids: torch.Tensor):
+    # before the embedding, whose error names neither the argument nor the fix
+    if input_ids.dtype in TOKEN_ID_DTYPES:
+        return
+    if input_ids.dtype == torch.bool:
+        fix = "a boolean tensor is a mask: pass it as `attention_mask`, and the token ids as input_ids"
+    elif input_ids.is_floating_point():
+        fix = "convert token ids with `input_ids.long()`, or pass embeddings as `inputs_embeds`"
+    else:
+        fix = "convert them with `input_ids.long()`"
+    raise ValueError(
+        f"`input_ids` has dtype {input_ids.dtype}, but input_ids must be integer token ids (torch.long or "
+        f"torch.int32, as a tokenizer returns them with return_tensors='pt'); {fix}."
+    )
+
+
 def check_position_ids(position_ids: torch.LongTensor, attention_mask, config: TwoTowerConfig):
     # Packed rows restart their positions, so the largest position, not the row length, must fit the table.
     largest = int(position_ids.max())
@@ -99,6 +122,28 @@ def check_label_values(labels: torch.LongTensor, vocab_size: int):
         )
 
 
+def warn_if_no_target(target_ids: torch.LongTensor, num_items_in_batch=None):
+    """
+    The loss is a mean over the targets (`target_ids` not -100), or their sum divided by `num_items_in_batch`: with
+    none it is 0 / 0, NaN, as in transformers' own LMs, and so are its gradients. Say so rather than return it
+    silently. A batch without targets inside an accumulated one (`num_items_in_batch` > 0) is fine: its loss is 0.
+    """
+    if torch.compiler.is_compiling():  # data-dependent: compiled graphs rely on the eager runs having warned
+        return
+    if num_items_in_batch is not None:
+        if bool(num_items_in_batch == 0):
+            logger.warning(
+                "`num_items_in_batch` is 0: no position of the accumulated batch has a target (every label is -100), "
+                "so the loss (0 / 0) and its gradients are NaN; an optimizer step on them would make every weight NaN."
+            )
+    elif not bool((target_ids != -100).any()):
+        logger.warning(
+            "No position of the batch has a target (every label is -100, after the shift to next-token targets in a "
+            "causal LM), so the loss, a mean over no tokens, is NaN. Pass labels with at least one token id (a causal "
+            "LM predicts labels[:, 1:]: sequences of 2 tokens or more)."
+        )
+
+
 def check_labels(config: TwoTowerConfig, input_ids, inputs_embeds, labels):
     check_input_shape(input_ids, inputs_embeds)
     if labels is None:
@@ -121,4 +166,13 @@ def check_probe_features(config: TwoTowerConfig, features, input_ids):
         )
 
 
-__all__ = ["check_input_shape", "check_inputs", "check_labels", "check_position_ids", "check_probe_features"]
+__all__ = [
+    "check_input_ids_dtype",
+    "check_input_shape",
+    "check_inputs",
+    "check_label_values",
+    "check_labels",
+    "check_position_ids",
+    "check_probe_features",
+    "warn_if_no_target",
+]

@@ -4,16 +4,17 @@ All towers run together: every per-tower weight is stacked along a leading tower
 a batched matmul over towers. Towers never exchange information before the LM head. This module assembles the
 parts, each in a module of its own: the batched layers (`batched_layers.py`), the transformer layers
 (`decoder_layers.py`), the LSTM towers (`lstm_towers.py`), the LM heads (`heads.py`), the probes (`probes.py`),
-the checks of user inputs (`input_checks.py`) and the reference code's initialisation
-(`reference_initialization.py`).
+the checks of user inputs (`input_checks.py`) and of saved weights (`checkpoint_checks.py`), and the reference
+code's initialisation (`reference_initialization.py`).
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
@@ -33,10 +34,11 @@ from .batched_layers import (
     concat_towers,
     split_towers,
 )
+from .checkpoint_checks import check_weights_fit_config, warn_non_finite_weights
 from .configuration_twotower import TwoTowerConfig
 from .decoder_layers import TwoTowerDecoderLayer
 from .heads import LEGACY_KEY_MAPPING, TwoTowerFusionHead, TwoTowerIndependentHeads
-from .input_checks import check_labels, check_inputs, check_probe_features
+from .input_checks import check_label_values, check_labels, check_inputs, check_probe_features, warn_if_no_target
 from .lstm_towers import TwoTowerELMoTowers, TwoTowerLSTMTowers
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
@@ -73,10 +75,31 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
 
     @classmethod
-    def from_pretrained(cls, *args, key_mapping: dict[str, str] | None = None, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, key_mapping: dict[str, str] | None = None, **kwargs):
         # Earlier versions' parameter names (heads.py) are renamed as they load, unless the caller maps keys itself.
         key_mapping = LEGACY_KEY_MAPPING if key_mapping is None else key_mapping
-        return super().from_pretrained(*args, key_mapping=key_mapping, **kwargs)
+        cls._check_local_checkpoint(pretrained_model_name_or_path, kwargs, key_mapping)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, key_mapping=key_mapping, **kwargs)
+        warn_non_finite_weights(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path)
+        return loaded
+
+    @classmethod
+    def _check_local_checkpoint(cls, pretrained_model_name_or_path, kwargs: dict, key_mapping: dict[str, str]):
+        """
+        A local folder's safetensors weights against the config `from_pretrained` will build the model from, before
+        any weight is read: a damaged file or an edited config is one error naming the file and the field, not a
+        SafetensorError or transformers' size-mismatch report (unless the caller passed `ignore_mismatched_sizes`).
+        """
+        folder = _local_folder(pretrained_model_name_or_path, kwargs)
+        if folder is None or kwargs.get("ignore_mismatched_sizes"):
+            return
+        config = kwargs.get("config")
+        if not isinstance(config, PretrainedConfig):  # read as from_pretrained reads it, with the same overrides
+            other_kwargs = {key: value for key, value in kwargs.items() if key != "config"}
+            config, _ = cls.config_class.from_pretrained(
+                config or pretrained_model_name_or_path, return_unused_kwargs=True, **other_kwargs
+            )
+        check_weights_fit_config(cls, config, sorted(folder.glob("*.safetensors")), key_mapping)
 
     def save_pretrained(self, save_directory, *args, save_original_format: bool = False, **kwargs):
         # Checkpoints are written with this code's parameter names, also after loading an older one: the reverse of
@@ -409,6 +432,8 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
             return_dict=True,
         )
         target_ids = None if labels is None else _next_token_targets(labels)
+        if target_ids is not None:
+            warn_if_no_target(target_ids, kwargs.get("num_items_in_batch"))
         logits, loss = self.lm_head(
             outputs.last_hidden_state, target_ids, logits_to_keep, kwargs.get("num_items_in_batch")
         )
@@ -436,11 +461,20 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         labels = input_ids if labels is None else labels
         if labels.shape != input_ids.shape:
             raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
+        check_label_values(labels, self.config.vocab_size)  # as forward does: the probes gather at these ids
         targets = labels[:, 1:]
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)[:, :, :-1]
         return self.probes.per_tower(self.probes(features, targets, chunk_size=chunk_size), all_replicas)
+
+
+def _local_folder(pretrained_model_name_or_path, from_pretrained_kwargs: dict) -> Path | None:
+    """The local folder `from_pretrained` reads safetensors weights from, or None (a Hub name, a state dict, GGUF)."""
+    if pretrained_model_name_or_path is None or from_pretrained_kwargs.get("gguf_file") is not None:
+        return None
+    folder = Path(pretrained_model_name_or_path) / from_pretrained_kwargs.get("subfolder", "")
+    return folder if folder.is_dir() else None
 
 
 def lm_output(outputs: TwoTowerModelOutputWithPast, logits, loss) -> TwoTowerCausalLMOutputWithPast:
@@ -502,6 +536,8 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
+        if labels is not None:
+            warn_if_no_target(labels, kwargs.get("num_items_in_batch"))
         if self.config.sparse_prediction and labels is not None:
             # ModernBERT's sparse prediction: the head's vocabulary projection, the bulk of a small model's compute,
             # runs on the labelled positions only (15% of them in BERT-style masking); the loss is the same
@@ -538,6 +574,7 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             )
         if labels.shape != input_ids.shape:
             raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
+        check_label_values(labels, self.config.vocab_size)  # as forward does: the probes gather at these ids
         if attention_mask is not None:
             labels = labels.masked_fill(attention_mask == 0, -100)
         features = self._checked_probe_features(input_ids, attention_mask, features)

@@ -28,7 +28,7 @@ BAD_TRAINING_OPTIONS = {
     "dropout of 1": ("hidden_dropout", "1.0", r"`hidden_dropout` must be in \[0, 1\)"),
     "masking probability 0": ("mlm_probability", "0", r"`mlm_probability` must be in \(0, 1\)"),
     "batch of 0": ("per_device_eval_batch_size", "0", "`per_device_eval_batch_size` must be >= 1"),
-    "block of 0": ("block_size", "0", "`block_size` must be >= 1"),
+    "block of 1": ("block_size", "1", r"`block_size` must be >= 2 \(a block of one token has no target"),
     "zero training blocks": ("max_train_blocks", "0", "`max_train_blocks` must be >= 1"),
     "all of train held out": ("validation_split_percentage", "100", r"`validation_split_percentage` must be in \["),
     "negative seed": ("seed", "-1", r"`seed` must be in \[0, 4294967295\]"),

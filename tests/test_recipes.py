@@ -77,10 +77,14 @@ def test_an_unknown_option_names_the_recipe_that_sets_it(tmp_path):
         read_recipe("child", TwoTowerTrainingConfig, recipes)
 
 
-def test_a_missing_parent_lists_the_known_recipes(tmp_path):
+def test_a_missing_parent_names_the_recipe_that_extends_it_and_lists_the_known_recipes(tmp_path):
     recipes = write_recipes(tmp_path, child="extends: nowhere\n")
-    with pytest.raises(FileNotFoundError, match=r"Recipe 'nowhere' not found .*known recipes: \['child'\]"):
+    with pytest.raises(FileNotFoundError) as raised:
         read_recipe("child", TwoTowerTrainingConfig, recipes)
+    assert str(raised.value) == (
+        f"Recipe {recipes / 'child.yaml'} extends 'nowhere', which is not found (looked for "
+        f"{recipes / 'nowhere.yaml'}); known recipes: ['child']."
+    )
 
 
 def test_the_command_line_overrides_an_inherited_value():

@@ -2,6 +2,7 @@
 
 import dataclasses
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -157,3 +158,70 @@ def test_resuming_a_finished_run_does_nothing(finished_run, tmp_path, capsys):
     assert result["completed_steps"] == 6 and result["train_losses"] == []
     assert "Nothing to do: the run has finished" in capsys.readouterr().out
     assert (model_file.stat().st_mtime_ns, sorted(path.name for path in (run / "checkpoints").iterdir())) == before
+
+
+class RunsAShellCommand:
+    """Unpickled, it would run `command`: what a crafted random-state file could hold."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+# Replacements of step_6's random_states_0.pkl whose checksum is then recomputed, so that the manifest verifies
+RNG_STATE_REPLACEMENTS = {
+    "truncated": lambda path, marker: truncate(path),
+    "crafted pickle": lambda path, marker: torch.save({"random_state": RunsAShellCommand(f"touch {marker}")}, path),
+    "other tensors": lambda path, marker: torch.save({"weights": torch.zeros(3)}, path),
+}
+
+
+@pytest.mark.parametrize("replacement", RNG_STATE_REPLACEMENTS)
+def test_random_states_that_do_not_load_are_refused_though_their_checksum_verifies(
+    replacement, finished_run, tmp_path, caplog
+):
+    run, marker = tmp_path / "run", tmp_path / "the-payload-ran"
+    step_6 = run / "checkpoints" / "step_6"
+    config = copy_of(finished_run, run, resume_from_checkpoint=str(step_6))
+    RNG_STATE_REPLACEMENTS[replacement](step_6 / "random_states_0.pkl", marker)
+    write_manifest(step_6)
+    (run / "model").rename(run / "model-kept")  # resuming is then not a no-op
+    with pytest.raises(TwoTowerUserError) as raised:
+        training_function(config)
+    message = str(raised.value)
+    assert message.startswith(f"Cannot resume from {step_6}: {step_6 / 'random_states_0.pkl'} does not hold ")
+    assert message.endswith(f"--resume_from_checkpoint {run / 'checkpoints' / 'epoch_0'}.") and "\n" not in message
+    # `latest` warns, naming the file, and ends as the run that never stopped from the previous checkpoint
+    resumed = training_function(dataclasses.replace(config, resume_from_checkpoint="latest"))
+    assert str(step_6 / "random_states_0.pkl") in caplog.text
+    assert resumed["train_losses"] == finished_run["train_losses"][4:]
+    assert_bitwise_equal(final_weights(run), final_weights(finished_run["config"].output_dir))
+    assert not marker.exists()
+
+
+def test_resuming_on_edited_training_text_is_refused_naming_the_file(corpus, tmp_path, caplog, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train_file", "validation_file"):
+        shutil.copy(corpus[split], data)
+    train_file = data / Path(corpus["train_file"]).name
+    config = tiny_config(
+        "tiny", {"train_file": str(train_file), "validation_file": str(data / Path(corpus["validation_file"]).name)},
+        tmp_path / "run", max_train_blocks=32, gradient_accumulation_steps=1, max_train_steps=6,
+        checkpointing_steps=2, report_to="none",
+    )
+    training_function(config)
+    assert "sha256" not in "".join(capsys.readouterr())  # hashing the data prints nothing on small data
+    epoch_0 = tmp_path / "run" / "checkpoints" / "epoch_0"
+    text = train_file.read_text(encoding="utf-8")
+    train_file.write_text(text.replace(" the ", " thy ", 1), encoding="utf-8")  # one word fixed: the same size
+    resumed_config = dataclasses.replace(config, resume_from_checkpoint=str(epoch_0))
+    with pytest.raises(TwoTowerUserError) as raised:
+        training_function(resumed_config)
+    message = str(raised.value)
+    assert message.startswith(f"{epoch_0} was taken on other data: {train_file} changed (")
+    assert "--allow_config_change" in message and "\n" not in message
+    resumed = training_function(dataclasses.replace(resumed_config, allow_config_change=True))
+    assert f"{train_file} changed" in caplog.text and resumed["completed_steps"] == 6

@@ -53,7 +53,7 @@ BYTE_LEVEL_ALPHABET = 256  # a trained BPE holds every byte, plus its special to
 # The data options (DataArguments), which scoring shares with training (evaluation/score.py), take one range.
 DATA_OPTION_RANGES = {
     "validation_split_percentage": (lambda v: 0 <= v < 100, "in [0, 100)"),
-    "block_size": (lambda v: v >= 1, ">= 1"),
+    "block_size": (lambda v: v >= 2, ">= 2 (a block of one token has no target: nothing to train on or score)"),
     "preprocessing_num_workers": (lambda v: v >= 1, ">= 1"),
 }
 DATA_UNSET_MEANS = {"preprocessing_num_workers": "tokenize in one process"}
@@ -227,7 +227,8 @@ class TwoTowerTrainingConfig(DataArguments):
     overwrite_output_dir: bool = False  # a new run in a folder that holds an earlier run removes its checkpoints/,
     # model/, runs/ and feature cache first (other files stay); without it such a folder is refused
     allow_config_change: bool = False  # resume although options that change the result (seed, data, model,
-    # schedule, batch...) differ from the checkpoint's; without it such a resume is refused
+    # schedule, batch...) differ from the checkpoint's, or its data files changed (their sha256 is in each
+    # checkpoint); without it such a resume is refused
 
     # logging
     logging_steps: int = 10  # optimizer steps between log lines
@@ -358,14 +359,20 @@ class TwoTowerTrainingConfig(DataArguments):
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR) -> Path:
-    """A recipe name (`tiny`) is a file of recipes_dir; anything else is a path to a YAML file."""
+def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR, extended_by: Path | None = None) -> Path:
+    """
+    A recipe name (`tiny`) is a file of recipes_dir; anything else is a path to a YAML file. `extended_by`: the
+    recipe whose `extends` names it, for the error.
+    """
     path = Path(recipe)
     if path.suffix not in (".yaml", ".yml"):
         path = recipes_dir / f"{recipe}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in recipes_dir.glob("*.yaml"))
-        raise FileNotFoundError(f"Recipe {recipe!r} not found (looked for {path}); known recipes: {known}.")
+        missing = f"Recipe {recipe!r} not found"
+        if extended_by is not None:  # the file to fix is the one that names it
+            missing = f"Recipe {extended_by} extends {recipe!r}, which is not found"
+        raise FileNotFoundError(f"{missing} (looked for {path}); known recipes: {known}.")
     return path
 
 
@@ -397,10 +404,10 @@ def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: P
 
 
 def _read_extended_recipe(recipe: str, config_class, recipes_dir: Path, chain: tuple[Path, ...]) -> dict:
-    """read_recipe, refusing a recipe already in `chain` (the recipes that extend it, outermost first)."""
-    path = resolve_recipe_path(recipe, recipes_dir)
-    if path.resolve() in chain:
-        cycle = " -> ".join(link.stem for link in (*chain, path.resolve()))
+    """read_recipe, refusing a recipe already in `chain` (the recipe files that extend it, outermost first)."""
+    path = resolve_recipe_path(recipe, recipes_dir, extended_by=chain[-1] if chain else None)
+    if path.resolve() in {link.resolve() for link in chain}:
+        cycle = " -> ".join(link.stem for link in (*chain, path))
         raise TwoTowerUserError(f"Recipes extend each other in a cycle ({cycle}); remove one of these `extends`.")
     fields = [field.name for field in dataclasses.fields(config_class)]
     values = _recipe_file_values(path, fields, config_class.__name__)
@@ -411,7 +418,7 @@ def _read_extended_recipe(recipe: str, config_class, recipes_dir: Path, chain: t
         raise TwoTowerUserError(f"Recipe {path} sets `extends: {parent!r}`; name one recipe (e.g. `extends: tiny`).")
     if Path(parent).suffix in (".yaml", ".yml"):
         parent = str(path.parent / parent)
-    inherited = _read_extended_recipe(parent, config_class, recipes_dir, (*chain, path.resolve()))
+    inherited = _read_extended_recipe(parent, config_class, recipes_dir, (*chain, path))
     return {**inherited, **values}
 
 

@@ -8,21 +8,53 @@ from pathlib import Path
 
 from .errors import TwoTowerUserError
 
+RUN_AGAIN = "Free space on that disk (or choose another folder) and run again."
+# The Rust writers (safetensors, tokenizers) raise their own exceptions, which end with the OS's error number
+RUST_DISK_FULL = f"(os error {errno.ENOSPC})"
+# torch.save's zip writer names no cause ("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+TORCH_WRITER_FAILURE = "inline_container.cc"
+FULL_DISK_BYTES = 1 << 20  # a disk with less free is full: a failed write fills it to its last block
 
-def is_disk_full(error: BaseException | None) -> bool:
-    """Whether `error`, or an error it was raised from, is "No space left on device" (ENOSPC)."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+
+def is_disk_full(error: BaseException | None, folder: str | os.PathLike | None = None) -> bool:
+    """
+    Whether `error`, or an error it was raised from or while handling, is "No space left on device": an OSError
+    with ENOSPC, a safetensors or tokenizers error ending "(os error 28)", or torch.save's writer failing while the
+    disk of `folder` (what was being written) has under a megabyte free.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or RUST_DISK_FULL in str(error):
             return True
-        error = error.__cause__
+        if folder is not None and TORCH_WRITER_FAILURE in str(error) and free_bytes(folder) < FULL_DISK_BYTES:
+            return True
+        error = error.__cause__ or error.__context__
     return False
 
 
-def disk_full_error(target: str | os.PathLike, partial: str | os.PathLike) -> TwoTowerUserError:
-    """The one-line message of a full disk: what was being written, and that its partial copy is gone."""
+def free_bytes(folder: str | os.PathLike) -> int:
+    """Free bytes on the disk of `folder`, or of its nearest folder that exists."""
+    folder = Path(folder)
+    while not folder.exists():
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def readable_bytes(num_bytes: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if num_bytes < 1000:
+            return f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1000
+    return f"{num_bytes:.1f} TB"
+
+
+def disk_full_error(
+    target: str | os.PathLike, partial: str | os.PathLike, advice: str = RUN_AGAIN
+) -> TwoTowerUserError:
+    """The one-line message of a full disk: what was being written, that its partial copy is gone, what to do."""
     return TwoTowerUserError(
-        f"No space left on device while writing {target}; its partial copy {partial} was removed. Free space on "
-        f"that disk (or choose another folder) and run again."
+        f"No space left on device while writing {target}; its partial copy {partial} was removed. {advice}"
     )
 
 
@@ -33,6 +65,18 @@ def current_umask() -> int:
     return umask
 
 
+def apply_umask(path: str | os.PathLike) -> None:
+    """Give `path` the mode the user's umask gives a new file: mkstemp, and safetensors' own temporary file, make it
+    private (0600)."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def apply_umask_to_folder(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            apply_umask(path)
+
+
 def write_atomically(path: str | os.PathLike, write) -> Path:
     """Call `write(tmp_path)` on a temporary file in path's folder, then rename it to `path`."""
     path = Path(path)
@@ -40,11 +84,11 @@ def write_atomically(path: str | os.PathLike, write) -> Path:
     os.close(descriptor)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private (0600); give it the user's umask
+        apply_umask(tmp)
         os.replace(tmp, path)
     except BaseException as error:
         os.unlink(tmp)
-        if is_disk_full(error):
+        if is_disk_full(error, path.parent):
             raise disk_full_error(path, tmp) from error
         raise
     return path

@@ -2,33 +2,52 @@
 Checkpoints of a run (accelerate `save_state`, keep the last K, resume) and the atomic save of the final model.
 
 A checkpoint folder holds accelerate's state (weights, optimizer, scheduler, every process's RNG states), the
-tokenizer, the resolved config, `progress.json` (where in the run it was taken) and, written last, a checksum
-manifest of all of them. Every folder is written under a temporary name and renamed when complete, so a crash never
-leaves a folder that looks complete but is not; the manifest catches a file changed afterwards (a truncated copy, a
-failing disk). A resumed run must match the checkpoint's options wherever they change the result.
+tokenizer, the resolved config, the fingerprint of the data, `progress.json` (where in the run it was taken) and,
+written last, a checksum manifest of all of them. Every folder is written under a temporary name and renamed when
+complete, so a crash never leaves a folder that looks complete but is not; the manifest catches a file changed
+afterwards (a truncated copy, a failing disk), and the RNG state files are read without unpickling objects before
+accelerate loads them. A resumed run must match the checkpoint's options and data wherever they change the result.
 """
 
 import dataclasses
+import glob
 import json
 import logging
 import os
+import pickle
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
+import torch
 import yaml
 from accelerate.utils import RNG_STATE_NAME
 
 from .arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig, save_config
-from .atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
+from .atomic import (
+    RUN_AGAIN,
+    apply_umask_to_folder,
+    disk_full_error,
+    free_bytes,
+    fresh_staging_folder,
+    is_disk_full,
+    readable_bytes,
+    replace_folder,
+)
 from .collective import raise_together
 from .errors import TwoTowerUserError
-from .manifest import MANIFEST_NAME, manifest_problem, write_manifest
+from .manifest import MANIFEST_NAME, files_fingerprint, manifest_problem, write_manifest
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_MODEL_DIR = "model"
 PROGRESS_NAME = "progress.json"
+DATA_FINGERPRINT_NAME = "data_fingerprint.json"  # what the run trained on, beside its config
+# What a weights-only load must be allowed to build for NumPy's RNG state (a tuple holding a uint32 array), no more;
+# the first is how numpy pickles an array (`_reconstruct`, in numpy.core before numpy 2, numpy._core since)
+NUMPY_RNG_STATE_GLOBALS = [np.ndarray(0).__reduce__()[0], np.ndarray, np.dtype, np.dtypes.UInt32DType]
 LATEST = "latest"
 # Options that leave what a run computes unchanged: a resumed run may change them. Any other difference from the
 # checkpoint's options (seed, data, model, schedule, batch geometry, phase, probes, evaluation...) is refused.
@@ -81,14 +100,72 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return _sorted_checkpoints(checkpoints_root(output_dir))
 
 
+def _check_step(step) -> None:
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise TypeError(step)
+
+
+def _check_cuda_states(states) -> None:
+    byte_tensors = isinstance(states, list) and all(
+        isinstance(state, torch.Tensor) and state.dtype == torch.uint8 for state in states
+    )
+    if not byte_tensors:
+        raise TypeError(states)
+
+
+# The random states accelerate's save_state writes and load_state sets (accelerate/checkpointing.py), each checked by
+# setting it on a scratch generator; `step` and the CUDA states are there when the run had them
+REQUIRED_RNG_STATES = {
+    "random_state": lambda state: random.Random().setstate(state),
+    "numpy_random_seed": lambda state: np.random.RandomState().set_state(state),
+    "torch_manual_seed": lambda state: torch.Generator().set_state(state),
+}
+OPTIONAL_RNG_STATES = {"step": _check_step, "torch_cuda_manual_seed": _check_cuda_states}
+
+
+def rng_states_problem(path: Path) -> str | None:
+    """
+    What keeps accelerate's load_state from setting the random states in `path` (it would skip them with one info
+    line and go on), or None. Read weights-only: the objects of a crafted pickle are never built.
+    """
+    try:
+        with torch.serialization.safe_globals(NUMPY_RNG_STATE_GLOBALS):
+            states = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        return (f"{path} does not hold random states only: it holds objects that a weights-only load refuses to "
+                f"build (a crafted or foreign file), so none was built")
+    except Exception as error:  # any other failure to read it: cut short, empty, not a torch file
+        return (f"{path} does not hold random states torch can read ({type(error).__name__}: cut short, or not a "
+                f"torch file)")
+    missing = [key for key in REQUIRED_RNG_STATES if not isinstance(states, dict) or key not in states]
+    if missing:
+        return f"{path} does not hold the random states accelerate saves (no {', '.join(missing)})"
+    present = {key: check for key, check in {**REQUIRED_RNG_STATES, **OPTIONAL_RNG_STATES}.items() if key in states}
+    for key, check in present.items():
+        try:
+            check(states[key])
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            return f"{path} does not hold a valid `{key}` random state"
+    return None
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """What keeps `checkpoint` from resuming exactly (naming the file), or None: the manifest and the RNG states."""
+    problem = manifest_problem(checkpoint)
+    if problem is not None:
+        return problem
+    states_problems = (rng_states_problem(path) for path in sorted(checkpoint.glob(f"{RNG_STATE_NAME}_*.pkl")))
+    return next((problem for problem in states_problems if problem is not None), None)
+
+
 def previous_checkpoint(checkpoint: Path) -> Path | None:
-    """The newest checkpoint before `checkpoint` in its folder whose manifest verifies: the one to try instead."""
+    """The newest checkpoint before `checkpoint` in its folder that verifies: the one to try instead."""
     step = _completed_steps(checkpoint)
     earlier = [
         path for path in _sorted_checkpoints(checkpoint.parent)
         if path.resolve() != checkpoint.resolve() and (step is None or _completed_steps(path) < step)
     ]
-    return next((path for path in reversed(earlier) if manifest_problem(path) is None), None)
+    return next((path for path in reversed(earlier) if checkpoint_problem(path) is None), None)
 
 
 def _what_to_try(checkpoint: Path) -> str:
@@ -100,9 +177,9 @@ def _what_to_try(checkpoint: Path) -> str:
 
 def resolve_resume_checkpoint(resume_from_checkpoint: str, output_dir: str | os.PathLike) -> Path:
     """
-    `latest` -> the newest checkpoint in output_dir/checkpoints whose manifest verifies (a checkpoint that does not,
-    or whose progress.json cannot be read, is skipped with a warning naming the file); a folder -> that checkpoint,
-    verified.
+    `latest` -> the newest checkpoint in output_dir/checkpoints that verifies (`checkpoint_problem`; a checkpoint
+    that does not, or whose progress.json cannot be read, is skipped with a warning naming the file); a folder -> that
+    checkpoint, verified.
     """
     root = checkpoints_root(output_dir)
     if resume_from_checkpoint == LATEST:
@@ -116,7 +193,7 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str, output_dir: str | os.
             )
         problems = []
         for checkpoint in reversed(checkpoints):
-            problem = manifest_problem(checkpoint)
+            problem = checkpoint_problem(checkpoint)
             if problem is None:
                 return checkpoint
             logger.warning(f"Skipping checkpoint {checkpoint}: {problem}.")
@@ -131,7 +208,7 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str, output_dir: str | os.
             f"--resume_from_checkpoint {resume_from_checkpoint!r} is not a checkpoint folder (no {PROGRESS_NAME}); "
             f"pass a folder under {root} or `latest`."
         )
-    problem = manifest_problem(checkpoint)
+    problem = checkpoint_problem(checkpoint)
     if problem is not None:
         raise TwoTowerUserError(f"Cannot resume from {checkpoint}: {problem}; {_what_to_try(checkpoint)}.")
     return checkpoint
@@ -150,20 +227,78 @@ def resume_config_differences(checkpoint: Path, config: TwoTowerTrainingConfig, 
     ]
 
 
+def _data_files(spec: str) -> list[str]:
+    """
+    The files of a --train_file/--validation_file (a file, a folder of .txt files or a glob), as data.py's
+    resolve_text_files finds them, without its read of every file: the fingerprint is taken at every checkpoint.
+    """
+    path = Path(spec).expanduser()
+    pattern = path / "*.txt" if path.is_dir() else path
+    return sorted(glob.glob(str(pattern)))
+
+
+def data_fingerprint(config: TwoTowerTrainingConfig) -> dict[str, dict]:
+    """
+    What a run trains on, by source: each local data file -> its size and sha256 (hashed once per run, see
+    `files_fingerprint`); a Hub dataset -> its config (the package pins no revision).
+    """
+    if config.train_file is None:
+        return {f"Hub dataset {config.dataset_name}": {"config": config.dataset_config_name}}
+    specs = [spec for spec in (config.train_file, config.validation_file) if spec is not None]
+    return files_fingerprint([file for spec in specs for file in _data_files(spec)])
+
+
+def _field_change(field: str, old, new) -> str:
+    if field == "sha256":  # enough of it to tell the two apart
+        old, new = str(old)[:12], str(new)[:12]
+    return f"{field} {old} -> {new}"
+
+
+def resume_data_changes(checkpoint: Path, config: TwoTowerTrainingConfig) -> list[str]:
+    """How this run's data differs from the checkpoint's fingerprint, one entry a source (a file, a Hub dataset)."""
+    path = checkpoint / DATA_FINGERPRINT_NAME
+    if not path.is_file():  # taken before checkpoints recorded their data
+        return []
+    saved, current = json.loads(path.read_text()), data_fingerprint(config)
+    changes = [f"{source} is gone" for source in saved if source not in current]
+    changes += [f"{source} is new" for source in current if source not in saved]
+    for source, identity in current.items():
+        old = saved.get(source, identity)
+        fields = [
+            _field_change(name, old.get(name), value) for name, value in identity.items() if old.get(name) != value
+        ]
+        if fields:
+            changes.append(f"{source} changed ({', '.join(fields)})")
+    return changes
+
+
 def check_resume_config(checkpoint: Path, config: TwoTowerTrainingConfig, num_processes: int) -> None:
-    """Refuse to resume `checkpoint` with options that change the result, unless --allow_config_change."""
-    differences = resume_config_differences(checkpoint, config, num_processes)
-    if not differences:
-        return
-    listing = "; ".join(differences)
-    if config.allow_config_change:
-        logger.warning(f"Resuming {checkpoint} with options changed (checkpoint's -> this run's): {listing}.")
-        return
-    raise TwoTowerUserError(
+    """Refuse to resume `checkpoint` with options or data that change the result, unless --allow_config_change."""
+    options = "; ".join(resume_config_differences(checkpoint, config, num_processes))
+    _refuse_unless_allowed(
+        options,
+        config.allow_config_change,
+        f"Resuming {checkpoint} with options changed (checkpoint's -> this run's): {options}.",
         f"{checkpoint} was taken with other options that change the result (checkpoint's -> this run's): "
-        f"{listing}. Resume with the checkpoint's options (--recipe {checkpoint / RESOLVED_CONFIG_NAME}), or pass "
-        f"--allow_config_change to resume with the new ones."
+        f"{options}. Resume with the checkpoint's options (--recipe {checkpoint / RESOLVED_CONFIG_NAME}), or pass "
+        f"--allow_config_change to resume with the new ones.",
     )
+    data = "; ".join(resume_data_changes(checkpoint, config))
+    _refuse_unless_allowed(
+        data,
+        config.allow_config_change,
+        f"Resuming {checkpoint} on other data: {data}.",
+        f"{checkpoint} was taken on other data: {data}. Resume on the data it was taken on, or pass "
+        f"--allow_config_change to resume on this data.",
+    )
+
+
+def _refuse_unless_allowed(changes: str, allowed: bool, warning: str, error: str) -> None:
+    if not changes:
+        return
+    if not allowed:
+        raise TwoTowerUserError(error)
+    logger.warning(warning)
 
 
 def is_finished(checkpoint: Path, config: TwoTowerTrainingConfig) -> bool:
@@ -174,11 +309,16 @@ def is_finished(checkpoint: Path, config: TwoTowerTrainingConfig) -> bool:
     return final_model.is_file() and progress["completed_steps"] >= max_train_steps
 
 
-def _write_atomically(accelerator, final: Path, write, seal=None) -> None:
+def _bytes_in(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def _write_atomically(accelerator, final: Path, write, seal=None, disk_full_advice=lambda free: RUN_AGAIN) -> None:
     """
-    Run `write(folder)` on every process into a temporary sibling of `final`, then (main process) `seal(folder)` and
-    rename it to `final`. Any failure removes the temporary folder and raises on every process; a full disk raises
-    one line naming `final`.
+    Run `write(folder)` on every process into a temporary sibling of `final`, then (main process) `seal(folder)`,
+    give its files the user's umask and rename it to `final`. Any failure removes the temporary folder and raises on
+    every process; a full disk raises one line naming `final`, then `disk_full_advice(bytes free once the partial
+    copy is removed)`.
     """
     tmp = final.with_name(f".{final.name}.tmp")
 
@@ -186,8 +326,8 @@ def _write_atomically(accelerator, final: Path, write, seal=None) -> None:
         try:
             step()
         except Exception as error:
-            if is_disk_full(error):
-                failure = disk_full_error(final, tmp)
+            if is_disk_full(error, tmp):  # tmp's disk: torch.save's writer fails without naming the cause
+                failure = disk_full_error(final, tmp, disk_full_advice(free_bytes(tmp) + _bytes_in(tmp)))
                 failure.__cause__ = error
                 return failure
             return error
@@ -196,6 +336,7 @@ def _write_atomically(accelerator, final: Path, write, seal=None) -> None:
     def seal_and_rename():
         if seal is not None:
             seal(tmp)
+        apply_umask_to_folder(tmp)  # safetensors writes its files private (0600)
         replace_folder(tmp, final)
 
     if accelerator.is_main_process:
@@ -221,6 +362,7 @@ def save_checkpoint(
         if accelerator.is_main_process:
             tokenizer.save_pretrained(folder)
             save_config(config, folder)
+            (folder / DATA_FINGERPRINT_NAME).write_text(json.dumps(data_fingerprint(config), indent=2))
             (folder / PROGRESS_NAME).write_text(json.dumps(progress, indent=2))
 
     _write_atomically(accelerator, final, write, seal=write_manifest)
@@ -253,6 +395,7 @@ def save_final_model(
     `save_config`) into output_dir/model, atomically.
     """
     final = Path(config.output_dir) / FINAL_MODEL_DIR
+    model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in state_dict.values())
 
     def write(folder: Path):
         model.save_pretrained(folder, state_dict=state_dict, is_main_process=accelerator.is_main_process)
@@ -260,5 +403,14 @@ def save_final_model(
             tokenizer.save_pretrained(folder)
             save_config(config, folder, records)
 
-    _write_atomically(accelerator, final, write)
+    def disk_full_advice(free: int) -> str:
+        """The run's last checkpoint holds everything but the model: resuming it only saves the model."""
+        needs = f"The model needs about {readable_bytes(model_bytes)} and the disk has {readable_bytes(free)} free."
+        checkpoints = list_checkpoints(config.output_dir)
+        if not checkpoints:
+            return f"{needs} {RUN_AGAIN}"
+        return (f"{needs} The run's state at step {read_progress(checkpoints[-1])['completed_steps']} is kept in "
+                f"{checkpoints[-1]}: free space, then run the same command with --resume_from_checkpoint {LATEST}.")
+
+    _write_atomically(accelerator, final, write, disk_full_advice=disk_full_advice)
     return final

@@ -1,15 +1,15 @@
 """
 One run per output folder: the main process checks the folder writable and locks it for the run's lifetime, with its
-PID beside the lock; a second run on the folder fails at once, on every one of its processes.
+PID beside the lock; a second run on the folder fails at once, on every one of its processes. The lock file is
+removed when the run ends (a run killed with -9 leaves it, unlocked and harmless).
 """
 
 import contextlib
+import fcntl
 import os
 import socket
 import tempfile
 from pathlib import Path
-
-from filelock import FileLock, Timeout
 
 from .collective import on_main_process
 from .errors import TwoTowerUserError
@@ -40,24 +40,46 @@ def _holder(folder: Path) -> str:
     return f"process {pid} on {host}"
 
 
+def _lock(path: Path) -> int | None:
+    """
+    An open descriptor of `path` holding its exclusive flock (released by the system when the process dies), or
+    None when another process holds it.
+    """
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            return None
+        try:
+            if os.path.samestat(os.fstat(descriptor), os.stat(path)):
+                return descriptor
+        except FileNotFoundError:
+            pass
+        # The previous holder removed the file between our open and our flock: we locked its removed copy, which
+        # locks nothing. Open the file now at `path` instead.
+        os.close(descriptor)
+
+
 @contextlib.contextmanager
 def output_dir_lock(output_dir: str | os.PathLike):
     """Hold output_dir's lock, with this process's PID beside it; when another process holds it, fail at once."""
     folder = Path(output_dir)
-    lock = FileLock(folder / LOCK_NAME, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
+    descriptor = _lock(folder / LOCK_NAME)
+    if descriptor is None:
         raise TwoTowerUserError(
             f"--output_dir {folder} is in use by another run ({_holder(folder)}, written in {folder / HOLDER_NAME}): "
             f"wait for it to end, or choose another --output_dir."
-        ) from None
+        )
     try:
         (folder / HOLDER_NAME).write_text(f"{os.getpid()} {socket.gethostname()}\n")
         yield
     finally:
+        # Removed while still locked: a process that opens it now locks a removed copy, sees that, and opens anew
         (folder / HOLDER_NAME).unlink(missing_ok=True)
-        lock.release()
+        (folder / LOCK_NAME).unlink(missing_ok=True)
+        os.close(descriptor)
 
 
 @contextlib.contextmanager

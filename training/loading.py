@@ -6,7 +6,8 @@ import torch
 import yaml
 from transformers import AutoConfig
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower.checkpoint_checks import check_weights_fit_config
 
 from .arguments import RESOLVED_CONFIG_NAME
 from .errors import TwoTowerUserError
@@ -35,8 +36,10 @@ def read_training_config(model_dir) -> dict | None:
 
 def load_two_tower_config(model_dir, option: str = "--model_dir", saved_by: str = "probe") -> TwoTowerConfig:
     """
-    The TwoTowerConfig of a model folder; a clear error for a missing, damaged or other kind of config. `option`
-    (the flag that named the folder) and `saved_by` (the phase whose run saves such a folder) word the error.
+    The TwoTowerConfig of a model folder, checked against the folder's weights before any long work; a clear error
+    for a missing, damaged or other kind of config, a damaged weights file, or weights of other sizes than the
+    config's. `option` (the flag that named the folder) and `saved_by` (the phase whose run saves such a folder) word
+    the error.
     """
     if not (Path(model_dir) / "config.json").is_file():
         raise FileNotFoundError(
@@ -44,7 +47,8 @@ def load_two_tower_config(model_dir, option: str = "--model_dir", saved_by: str 
             "(OUTPUT_DIR/model)."
         )
     try:
-        config = AutoConfig.from_pretrained(model_dir)
+        # the package loads its own classes and never runs a folder's code, so never asks whether to (a [y/N] prompt)
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     except OSError as error:  # config.json is not JSON
         raise TwoTowerUserError(
             f"{model_dir} holds a damaged config ({' '.join(str(error).split())}); save or download the model again."
@@ -59,6 +63,11 @@ def load_two_tower_config(model_dir, option: str = "--model_dir", saved_by: str 
             f"{option} {str(model_dir)!r} holds a {config.model_type!r} model, not a two-tower model (model_type "
             f"{TwoTowerConfig.model_type!r}); pass a folder that a {saved_by} run saved (OUTPUT_DIR/model)."
         )
+    try:
+        weight_files = sorted(Path(model_dir).glob("*.safetensors"))
+        check_weights_fit_config(MODEL_CLASSES[objective_of(config)], config, weight_files)
+    except TwoTowerCheckpointError as error:
+        raise TwoTowerUserError(str(error)) from error
     return config
 
 

@@ -1,8 +1,10 @@
 """
 A folder's checksum manifest: the sha256 of every file, written last, so that a folder whose manifest verifies is
 exactly the folder that was written. The format is sha256sum's: `cd FOLDER && sha256sum -c checksums.sha256`.
+Also the fingerprint of a set of files (size and sha256 of each), which a checkpoint records of the run's data.
 """
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -14,7 +16,23 @@ MANIFEST_NAME = "checksums.sha256"
 
 def sha256_of(path: Path) -> str:
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()  # read in chunks
+
+
+@functools.cache
+def _sha256_until_changed(path: str, size: int, mtime_ns: int) -> str:
+    """sha256_of, read once while the file keeps its size and modification time (an edit changes the time)."""
+    return sha256_of(Path(path))
+
+
+def files_fingerprint(files: list[str]) -> dict[str, dict]:
+    """{file: {"size", "sha256"}}; a file hashed before by this process, and unchanged since, is not read again."""
+    fingerprint = {}
+    for file in files:
+        stat = os.stat(file)
+        sha256 = _sha256_until_changed(file, stat.st_size, stat.st_mtime_ns)
+        fingerprint[file] = {"size": stat.st_size, "sha256": sha256}
+    return fingerprint
 
 
 def write_manifest(folder: str | os.PathLike) -> Path:

@@ -98,6 +98,12 @@ def train_step(accelerator, trained, window, loss_function, optimizer, lr_schedu
     """
     # Weigh every target token of the global batch equally: count them over the window and all processes.
     num_items = accelerator.gather(sum(count_targets(batch, objective) for batch in window)).sum()
+    if num_items == 0:  # its loss and gradients would be 0 / 0: one step would make every trained weight NaN
+        raise TwoTowerUserError(
+            f"An optimizer step's {len(window)} batch(es) have no target token on any process (every label is "
+            "-100), so its loss and gradients would be NaN; give longer blocks (--block_size) or, for a masked LM, a "
+            "higher --mlm_probability."
+        )
     step_loss = 0.0
     for index, batch in enumerate(window):
         is_last = index == len(window) - 1

@@ -21,9 +21,12 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
+
+from modeling_twotower import TwoTowerForCausalLM
 
 from .arguments import RESOLVED_CONFIG_NAME
 from .atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
@@ -38,6 +41,8 @@ PRETRAIN_CONFIG_NAME = "training_config_pretrain.yaml"  # the joint phase's conf
 REPORT_SUFFIXES = (".json", ".png", ".md", ".csv", ".parquet")
 # An absolute path inside text (`/home/me/...`, `~/...`): not part of a relative path, a URL or a fraction.
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])~?/[^\s`'\"(),;<>|]+")
+# The code save_pretrained copies into a model folder: the modeling module and the modules it imports
+PACKAGE_CODE_DIR = Path(sys.modules[TwoTowerForCausalLM.__module__].__file__).parent
 
 
 def portable(value):
@@ -51,6 +56,34 @@ def portable(value):
             return short_path(value)
         return ABSOLUTE_PATH.sub(lambda match: short_path(match.group()), value)
     return value
+
+
+def _listing(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def check_model_code(model_dir: Path) -> None:
+    """
+    Refuse a model folder whose .py files are not this package's own: the Hub runs them on every machine that loads
+    the model with trust_remote_code, so an edited or an extra file would run there too.
+    """
+    code = sorted(path.name for path in model_dir.glob("*.py"))
+    foreign = [name for name in code if not (PACKAGE_CODE_DIR / name).is_file()]
+    changed = [
+        name for name in code
+        if name not in foreign and (model_dir / name).read_bytes() != (PACKAGE_CODE_DIR / name).read_bytes()
+    ]
+    problems = []
+    if changed:
+        problems.append(f"{_listing(changed)} {'differs' if len(changed) == 1 else 'differ'} from it")
+    if foreign:
+        problems.append(f"{_listing(foreign)} {'is' if len(foreign) == 1 else 'are'} not in it")
+    if not problems:
+        return
+    raise TwoTowerUserError(
+        f"{model_dir} holds model code that is not this package's ({PACKAGE_CODE_DIR}): {', '.join(problems)}. "
+        f"Publish a model folder this package saved, or load this one and save_pretrained it again with this package."
+    )
 
 
 def stage_model_repo(
@@ -70,6 +103,7 @@ def stage_model_repo(
         raise TwoTowerUserError(
             f"--output_dir {str(output_dir)!r} would replace the model folder; stage somewhere else."
         )
+    check_model_code(model_dir)
     card = render_model_card(model_dir, repo_id, report_dir, **card_options)
 
     max_length = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["max_position_embeddings"]

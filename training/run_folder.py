@@ -12,10 +12,13 @@ from pathlib import Path
 import torch
 
 from .arguments import TwoTowerTrainingConfig
+from .atomic import free_bytes, readable_bytes
 from .checkpointing import (
     CHECKPOINTS_DIR,
     FINAL_MODEL_DIR,
+    LATEST,
     check_resume_config,
+    checkpoints_root,
     list_checkpoints,
     resolve_resume_checkpoint,
 )
@@ -28,20 +31,36 @@ RUN_OUTPUTS = (CHECKPOINTS_DIR, FINAL_MODEL_DIR, RUNS_DIR, CACHE_DIR)  # what a 
 ADAM_MOMENTS = 2  # AdamW keeps two tensors the size of the trained parameters
 
 
+def _earlier_outputs(folder: Path) -> list[Path]:
+    """What an earlier run left in `folder`: its RUN_OUTPUTS that are files or folders with something in them."""
+    outputs = [folder / name for name in RUN_OUTPUTS if (folder / name).exists()]
+    return [path for path in outputs if not path.is_dir() or any(path.iterdir())]
+
+
+def _listing(paths) -> str:
+    return ", ".join(f"{Path(path).name}/" for path in paths)
+
+
 def prepare_new_run(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
     """
     A new run starts on an empty slate: refuse a folder that holds an earlier run's outputs, or remove them with
     --overwrite_output_dir (RUN_OUTPUTS and the final model's temporary folders, never other files).
     """
     folder = Path(output_dir)
-    outputs = [folder / name for name in RUN_OUTPUTS if (folder / name).exists()]
-    earlier_run = [path for path in outputs if not path.is_dir() or any(path.iterdir())]
+    earlier_run = _earlier_outputs(folder)
     if earlier_run and not overwrite_output_dir:
+        start_over = (f"start over with --overwrite_output_dir (removes {_listing(RUN_OUTPUTS)} and nothing else), or "
+                      f"choose another --output_dir.")
+        if not list_checkpoints(folder):  # a run killed before its first checkpoint: nothing to resume
+            raise TwoTowerUserError(
+                f"--output_dir {folder} already holds a run ({_listing(earlier_run)}) but no checkpoint to resume: "
+                f"{start_over}"
+            )
         raise TwoTowerUserError(
-            f"--output_dir {folder} already holds a run ({', '.join(f'{path.name}/' for path in earlier_run)}): "
-            f"resume it with --resume_from_checkpoint latest, start over with --overwrite_output_dir (removes "
-            f"{', '.join(f'{name}/' for name in RUN_OUTPUTS)} and nothing else), or choose another --output_dir."
+            f"--output_dir {folder} already holds a run ({_listing(earlier_run)}): resume it with "
+            f"--resume_from_checkpoint latest, {start_over}"
         )
+    outputs = [folder / name for name in RUN_OUTPUTS if (folder / name).exists()]
     for path in outputs + list(folder.glob(f".{FINAL_MODEL_DIR}.*")):
         if path.is_dir():
             shutil.rmtree(path)
@@ -60,6 +79,14 @@ def start_or_resume(config: TwoTowerTrainingConfig, num_processes: int) -> Path 
     if config.overwrite_output_dir:
         raise TwoTowerUserError(
             "--overwrite_output_dir starts a new run and --resume_from_checkpoint continues one: drop one of them."
+        )
+    folder = Path(config.output_dir)
+    earlier_run = _earlier_outputs(folder)
+    if config.resume_from_checkpoint == LATEST and earlier_run and not list_checkpoints(folder):
+        raise TwoTowerUserError(
+            f"--resume_from_checkpoint latest: no checkpoint in {checkpoints_root(folder)}, but {folder} holds an "
+            f"earlier run ({_listing(earlier_run)}): start over with --overwrite_output_dir instead of "
+            f"--resume_from_checkpoint, or choose another --output_dir."
         )
     checkpoint = resolve_resume_checkpoint(config.resume_from_checkpoint, config.output_dir)
     check_resume_config(checkpoint, config, num_processes)
@@ -94,34 +121,57 @@ def run_disk_bytes(model, trained, optimizer) -> tuple[int, int]:
     return checkpoint_bytes, _num_bytes(model.state_dict().values())
 
 
-def free_bytes(folder: Path) -> int:
-    return shutil.disk_usage(folder).free
-
-
-def readable_bytes(num_bytes: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if num_bytes < 1000:
-            return f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1000
-    return f"{num_bytes:.1f} TB"
-
-
-def check_free_space(output_dir, checkpoint_bytes: int, model_bytes: int, checkpoints_total_limit: int) -> None:
+def checkpoints_written(
+    first_step: int, last_step: int, checkpointing_steps: int | None, steps_per_epoch: int, epoch_checkpoints: bool
+) -> int:
     """
-    Refuse a run whose checkpoints and final model will not fit: K checkpoints kept plus the one being written (a
-    resumed run's existing checkpoints already take their place) and the model.
+    How many checkpoints the loop takes after `first_step` up to `last_step`, as train_loop takes them: every
+    checkpointing_steps, at each epoch's end (epoch_N; a step that is both is one checkpoint) and, when the run
+    checkpoints at all, at its last step.
+    """
+    if not (checkpointing_steps or epoch_checkpoints):
+        return 0
+
+    def on_schedule(step: int) -> bool:
+        return bool(checkpointing_steps and step % checkpointing_steps == 0) or (
+            epoch_checkpoints and step % steps_per_epoch == 0
+        )
+
+    return sum(1 for step in range(first_step + 1, last_step + 1) if step == last_step or on_schedule(step))
+
+
+def check_free_space(
+    output_dir, checkpoint_bytes: int, model_bytes: int, checkpoints_total_limit: int, checkpoints_to_write: int
+) -> None:
+    """
+    Refuse a run whose checkpoints and final model will not fit: of the checkpoints it writes, at most
+    checkpoints_total_limit kept plus the one being written (a resumed run's existing checkpoints already hold their
+    place), and the model.
     """
     folder = Path(output_dir)
-    new_checkpoints = max(checkpoints_total_limit + 1 - len(list_checkpoints(folder)), 0)
-    needed, free = new_checkpoints * checkpoint_bytes + model_bytes, free_bytes(folder)
-    if needed > free:
-        raise TwoTowerUserError(
-            f"--output_dir {folder} has {readable_bytes(free)} free but this run writes about "
-            f"{readable_bytes(needed)}: {new_checkpoints} checkpoints of {readable_bytes(checkpoint_bytes)} (weights "
-            f"and optimizer state; --checkpoints_total_limit {checkpoints_total_limit} kept, plus the one being "
-            f"written) and a model of {readable_bytes(model_bytes)}. Free space on that disk, lower "
-            f"--checkpoints_total_limit, or choose another --output_dir."
-        )
+    kept = len(list_checkpoints(folder))
+
+    def new_checkpoints(limit: int) -> int:
+        return min(checkpoints_to_write, max(limit + 1 - kept, 1))
+
+    def needed(limit: int) -> int:
+        return new_checkpoints(limit) * checkpoint_bytes + model_bytes
+
+    free = free_bytes(folder)
+    if needed(checkpoints_total_limit) <= free:
+        return
+    count = new_checkpoints(checkpoints_total_limit)
+    fixes = "Free space on that disk"
+    fitting = [limit for limit in range(1, checkpoints_total_limit) if needed(limit) <= free]
+    if fitting:
+        fixes += f", keep fewer checkpoints (--checkpoints_total_limit {fitting[-1]} fits)"
+    raise TwoTowerUserError(
+        f"--output_dir {folder} has {readable_bytes(free)} free but this run writes about "
+        f"{readable_bytes(needed(checkpoints_total_limit))}: {count} checkpoint{'s' if count != 1 else ''} of "
+        f"{readable_bytes(checkpoint_bytes)} (weights and optimizer state; of the {checkpoints_to_write} it takes, "
+        f"--checkpoints_total_limit {checkpoints_total_limit} kept plus the one being written) and a model of "
+        f"{readable_bytes(model_bytes)}. {fixes}, or choose another --output_dir."
+    )
 
 
 def read_eval_history(output_dir) -> list[dict]:

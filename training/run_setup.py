@@ -12,12 +12,12 @@ from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .arguments import TwoTowerTrainingConfig
-from .checkpointing import load_checkpoint
+from .checkpointing import load_checkpoint, read_progress
 from .collective import on_main_process
 from .data import load_raw_datasets, split_blocks, tokenize_and_group
 from .objectives import make_collators
 from .phases import TrainingPhase
-from .run_folder import check_free_space, run_disk_bytes
+from .run_folder import check_free_space, checkpoints_written, run_disk_bytes
 from .sharding import configure_fsdp
 from .throughput import flops_per_token, resolve_peak_flops
 from .tokenizer import build_tokenizer
@@ -92,12 +92,16 @@ def prepare_run(config: TwoTowerTrainingConfig, phase: TrainingPhase, accelerato
     trained = phase.trained_module(model, accelerator.device)
     configure_fsdp(accelerator, trained)  # before the optimizer, which must hold the tower stacks' sharded weights
     optimizer = phase.make_optimizer(trained)
-    checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, optimizer)
-    on_main_process(accelerator, lambda: check_free_space(
-        config.output_dir, checkpoint_bytes, model_bytes, config.checkpoints_total_limit
-    ))
     plan = phase.plan_epochs(accelerator, model, lm_datasets, collators, objective)
     max_train_steps = config.max_train_steps or config.num_train_epochs * plan["steps_per_epoch"]
+    # The disk must hold the checkpoints this run takes and the model (once the plan knows the epochs' steps)
+    checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, optimizer)
+    first_step = 0 if resume_checkpoint is None else read_progress(resume_checkpoint)["completed_steps"]
+    checkpoints = checkpoints_written(first_step, max_train_steps, config.checkpointing_steps, plan["steps_per_epoch"],
+                                      phase.checkpoints_every_epoch)
+    on_main_process(accelerator, lambda: check_free_space(
+        config.output_dir, checkpoint_bytes, model_bytes, config.checkpoints_total_limit, checkpoints
+    ))
     lr_scheduler = get_scheduler(
         phase.lr_scheduler_type or config.lr_scheduler_type,
         optimizer=optimizer,

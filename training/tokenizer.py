@@ -9,6 +9,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, BertTokenizer, GPT2Tokenizer, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from .errors import TwoTowerUserError
+
 VOCAB_MULTIPLE = 64  # the model's vocabulary is padded up to a multiple of this, for matmul efficiency
 END_OF_TEXT = "<|endoftext|>"  # the one special token of a trained BPE for a causal LM, as in GPT-2
 PAD, MASK = "<pad>", "<mask>"  # added for a masked LM: the masking collator needs a mask token (RoBERTa's names)
@@ -47,11 +49,26 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         if any((folder / name).is_file() for name in SAVED_TOKENIZER_FILES):
-            return _without_loading_flags(AutoTokenizer.from_pretrained(folder))
+            # a saved folder never runs code of its own, so transformers never asks whether to (a [y/N] prompt)
+            return _without_loading_flags(AutoTokenizer.from_pretrained(folder, trust_remote_code=False))
         return _without_loading_flags(_load_vocabulary_folder(folder))
     if name_or_path.startswith((".", "/", "~")) or folder.exists():
         raise FileNotFoundError(f"Tokenizer folder {name_or_path!r} does not exist (or is not a folder).")
-    return _without_loading_flags(AutoTokenizer.from_pretrained(name_or_path))
+    try:
+        return _without_loading_flags(AutoTokenizer.from_pretrained(name_or_path))
+    except OSError as error:  # a relative folder that is not there reads as a Hub name
+        reason = str(error).splitlines()[0]
+        raise TwoTowerUserError(
+            f"Tokenizer {name_or_path!r} is neither a local folder (there is no {folder.resolve()}) nor a tokenizer "
+            f"reachable on the Hub ({reason}); pass an existing folder, or a Hub name with the Hub reachable."
+        ) from error
+
+
+def check_named_tokenizer(config) -> None:
+    """The tokenizer --tokenizer_name_or_path names loads: checked before the data is read (a resumed run loads its
+    checkpoint's)."""
+    if config.tokenizer_name_or_path is not None and config.resume_from_checkpoint is None:
+        load_tokenizer(config.tokenizer_name_or_path)
 
 
 def train_bpe_tokenizer(

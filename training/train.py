@@ -54,6 +54,7 @@ from .phases import make_phase, trained_state_dict
 from .run_folder import EVAL_HISTORY, RUNS_DIR, start_or_resume
 from .run_setup import TrainingRun, prepare_run
 from .throughput import throughput_metrics
+from .tokenizer import check_named_tokenizer
 from .validation import format_metrics
 
 
@@ -158,6 +159,7 @@ def train_loop(run: TrainingRun, evaluator: Evaluator) -> LoopOutcome:
     completed_steps, units_to_skip, train_losses, grad_norm = run.resumed_steps, run.units_to_skip, [], None
     stopped_early = converged = False
     epoch_checkpoints = run.phase.checkpoints_every_epoch
+    checkpoints = bool(config.checkpointing_steps) or epoch_checkpoints  # linear probes without it take none
     log = TrainLog(run, completed_steps)
     run.trained.train()
     for epoch in range(run.starting_epoch, run.num_epochs):
@@ -176,9 +178,10 @@ def train_loop(run: TrainingRun, evaluator: Evaluator) -> LoopOutcome:
             if config.eval_steps and completed_steps % config.eval_steps == 0:
                 evaluator(completed_steps)
             end_of_epoch = units_into_epoch == run.units_per_epoch
-            if config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0 and not (
-                end_of_epoch and epoch_checkpoints
-            ):
+            on_schedule = config.checkpointing_steps and completed_steps % config.checkpointing_steps == 0
+            # The run ends on a checkpoint: a final save that fails (a full disk) resumes without training again
+            ends_run = completed_steps >= run.max_train_steps or converged or evaluator.should_stop
+            if (on_schedule or ends_run and checkpoints) and not (end_of_epoch and epoch_checkpoints):
                 save_progress(run, f"step_{completed_steps}", completed_steps, epoch, units_into_epoch)
             if completed_steps >= run.max_train_steps or converged:
                 break
@@ -258,6 +261,7 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     phase = make_phase(config)
     model_config = phase.resolve_model_config()
     objective = phase.resolve_objective(model_config)
+    check_named_tokenizer(config)
     if config.push_to_hub:
         check_hub_token()
     mixed_precision, precision_source = resolve_mixed_precision(config)
