@@ -36,7 +36,7 @@ setup(
     package_data={
         "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],
         "twotower.evaluation": ["lm_eval_task/*.py", "study_recipes/*.yaml", "templates/*.j2"],
-        "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py"],
+        "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py", "token_view.html.j2"],
     },
     install_requires=[
         "torch>=2.4",
@@ -63,7 +63,9 @@ setup(
         # accelerate_configs/deepspeed_zero2.yaml. An sdist whose build imports torch: install it with
         # `DS_BUILD_OPS=0 pip install --no-build-isolation` (scripts/install.sh), hence not in "test"
         "deepspeed": ["deepspeed>=0.15"],
-        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", *DOCS_REQUIRES],  # the suite builds the docs site
+        # the suite builds the docs site, and opens the token view and the metric's Space in Chromium (Playwright
+        # drives the system's Chromium: .ci/run installs Debian's package)
+        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "gradio==6.31.0", *DOCS_REQUIRES],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

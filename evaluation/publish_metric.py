@@ -3,9 +3,11 @@ Publish the tower preference metric as an `evaluate` Space on the Hugging Face H
 `evaluate.load("user/tower_preference")`.
 
 The Space folder is evaluation/tower_preference as it ships: the metric script (named like the folder), its
-numerical core, the README.md card with the Space's YAML header, app.py (the gradio widget) and
-requirements.txt. It is staged into OUTPUT_DIR/tower_preference, then uploaded with huggingface_hub
-(create_repo with the gradio SDK, upload_folder; the token comes from HF_TOKEN or `hf auth login`).
+numerical core, the README.md card with the Space's YAML header, app.py (the gradio widget), the token view's
+template and requirements.txt, plus a copy of the model code (modeling_twotower/), with which app.py runs the models
+it is given, so that it never runs a model repository's own code. It is staged into OUTPUT_DIR/tower_preference, then
+uploaded with huggingface_hub (create_repo with the gradio SDK, upload_folder; the token comes from HF_TOKEN or
+`hf auth login`).
 
     python -m twotower.evaluation.publish_metric --output_dir outputs/hub --repo_id user/tower_preference --dry-run
     python -m twotower.evaluation.publish_metric --output_dir outputs/hub --repo_id user/tower_preference
@@ -16,6 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
+import modeling_twotower
 from twotower.training.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.cli import run
 from twotower.training.errors import TwoTowerUserError
@@ -24,9 +27,10 @@ from twotower.training.publish import describe_folder
 
 METRIC_NAME = "tower_preference"
 METRIC_DIR = Path(__file__).resolve().parent / METRIC_NAME
-# the metric script, the numerical modules it imports, the Space's app and its card and requirements
+# the metric script, the numerical modules it imports, the Space's app and its card, template and requirements
 SPACE_FILES = (*sorted(path.name for path in METRIC_DIR.glob("*.py") if path.name != "__init__.py"), "README.md",
-               "requirements.txt")
+               "requirements.txt", "token_view.html.j2")
+MODEL_CODE_DIR = Path(modeling_twotower.__file__).resolve().parent  # staged as the Space's modeling_twotower/
 SPACE_SDK = "gradio"
 
 
@@ -47,6 +51,7 @@ def stage_metric_space(output_dir: str | os.PathLike) -> Path:
     try:
         for name in SPACE_FILES:
             shutil.copyfile(METRIC_DIR / name, tmp / name)
+        shutil.copytree(MODEL_CODE_DIR, tmp / MODEL_CODE_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
         if is_disk_full(error):

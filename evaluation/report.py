@@ -11,6 +11,9 @@ Layout (written into a staging folder, then moved in: a failed write leaves no p
                                 same-tower floor, with the diagonal
     report.md                   the numbers, the plots and each tower's top tokens (its text: the Jinja template
                                 templates/report.md.j2; its tables: pandas)
+    tokens.html                 when the scoring command passes it: the token view, the first blocks' tokens
+                                coloured by their type's preference (tower_preference/token_view.py), linked from
+                                report.md
 
 With probe replicas (summary["test"] == "replica"), perplexity may also hold "probe_replicas" ([per replica] per
 tower), and report.md leads with whether the per-type preference belongs to the towers or to the probes.
@@ -42,6 +45,7 @@ PREFERENCE_JSON = "preference.json"
 PER_TOKEN_CSV = "preference_per_token.csv"
 REPORT_MD = "report.md"
 REPORT_TEMPLATE = "report.md.j2"
+TOKEN_VIEW_HTML = "tokens.html"
 TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 STAGING_DIR = ".report.tmp"  # inside the report folder: where a report is written before its files move in
 PLOTS = {
@@ -58,6 +62,8 @@ PER_TOKEN_COLUMNS = (
     "probe_mean_logprob_probe{p} (one per probe p)"
 )
 RELIABLE_PREFERENCE = 0.7  # from this reliability on, report.md calls the per-type preference the towers'
+# said beside a reliability below 0 (report.md, the scoring command's line), which otherwise reads as a small number
+NEGATIVE_RELIABILITY_NOTE = "negative: probes agree less than chance, so there is no reproducible preference at this size"
 BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tests, without and with probe replicas
 
 
@@ -294,8 +300,9 @@ def template_environment(**filters) -> jinja2.Environment:
     return environment
 
 
-def render_markdown(report, table):
-    """report.md (templates/report.md.j2): model and data, perplexities, the summary, plots and top tokens."""
+def render_markdown(report, table, has_token_view=False):
+    """report.md (templates/report.md.j2): model and data, perplexities, the summary, plots, top tokens and, if the
+    folder has one, a link to the token view."""
     summary = report["summary"]
     is_replica = summary.get("test") == "replica"
     environment = template_environment(number=_number)
@@ -307,17 +314,20 @@ def render_markdown(report, table):
         is_replica=is_replica,
         prefix="occurrence_" if is_replica else "",  # the occurrence-level figures' keys in a replica summary
         reliable_preference=RELIABLE_PREFERENCE,
+        negative_reliability_note=NEGATIVE_RELIABILITY_NOTE,
         plots=PLOTS,
         replica_plots=REPLICA_PLOTS,
         perplexity_table=perplexity_table(report["perplexity"]),
         preference_table=preference_table(summary, is_replica),
         top_tokens_tables=top_tokens_tables(summary, table, is_replica),
+        token_view=TOKEN_VIEW_HTML if has_token_view else None,
     )
 
 
-def write_report(output_dir, report, result, tokens):
+def write_report(output_dir, report, result, tokens, token_view=None):
     """
-    Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity.
+    Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity, and
+    `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any.
 
     Every file is written into a staging folder first and moved in only once all are written: a failure (a full
     disk) leaves neither a partial report nor the staging folder behind.
@@ -328,7 +338,7 @@ def write_report(output_dir, report, result, tokens):
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        _write_report_files(staging, {**report, "summary": result.summary}, per_token_table(result, tokens))
+        _write_report_files(staging, {**report, "summary": result.summary}, per_token_table(result, tokens), token_view)
         for path in sorted(staging.iterdir()):
             os.replace(path, output_dir / path.name)
     except BaseException as error:
@@ -340,7 +350,7 @@ def write_report(output_dir, report, result, tokens):
     return output_dir
 
 
-def _write_report_files(folder, report, table):
+def _write_report_files(folder, report, table, token_view):
     write_text_atomically(folder / PREFERENCE_JSON, json.dumps(report, indent=2, allow_nan=False) + "\n")
     write_atomically(folder / PER_TOKEN_CSV, lambda tmp: table.to_csv(tmp, index=False))
     plot_logprob_scatter(table, folder / PLOTS["logprob_scatter"])
@@ -348,7 +358,9 @@ def _write_report_files(folder, report, table):
     plot_preference_vs_frequency(table, folder / PLOTS["preference_vs_frequency"])
     if report["summary"].get("test") == "replica":
         plot_preference_vs_floor(table, folder / REPLICA_PLOTS["preference_vs_floor"])
-    write_text_atomically(folder / REPORT_MD, render_markdown(report, table))
+    if token_view is not None:
+        write_text_atomically(folder / TOKEN_VIEW_HTML, token_view)
+    write_text_atomically(folder / REPORT_MD, render_markdown(report, table, has_token_view=token_view is not None))
 
 
 def load_report(report_dir):

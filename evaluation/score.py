@@ -1,7 +1,8 @@
 """
 Score a two-tower model that has trained probes: each probe's log-probability of every gold token of a dataset,
 the joint model's and each probe's perplexity, the tower preference statistics, and a report folder
-(preference.json, preference_per_token.csv, PNG plots, report.md; see twotower.evaluation.report).
+(preference.json, preference_per_token.csv, PNG plots, report.md, and tokens.html, the token view of the first
+blocks; see twotower.evaluation.report).
 
 The data options are the training command's: the same flags select the same held-out blocks (the validation
 split, or the blocks held out of the training text with a fixed seed). A local --validation_file alone is
@@ -47,8 +48,10 @@ from twotower.training.objectives import needs_masking, objective_of
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
 from twotower.training.validation import perplexity
 
-from .report import write_report
-from .scoring_engine import DEFAULT_MASK_PASSES, score_blocks
+from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
+from .scoring_engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
+from .token_categories import categorize, detect_scheme
+from .tower_preference.token_view import render_token_view, token_texts
 
 
 SPLITS = ("validation", "train")
@@ -79,6 +82,7 @@ SCORING_RANGES = {
     "alpha": (lambda v: 0 < v < 1, "in (0, 1) (a false discovery rate, e.g. 0.05)"),
     "min_count": (lambda v: v >= 2, ">= 2 (a standard error needs 2 occurrences)"),
     "top_k": (lambda v: v >= 0, ">= 0"),
+    "token_view_blocks": (lambda v: v >= 0, ">= 0 (0 writes no token view)"),
 }
 SCORING_UNSET_MEANS = {
     **DATA_UNSET_MEANS,
@@ -116,6 +120,8 @@ class ScoringArguments(DataArguments):
     alpha: float = 0.05  # false discovery rate of Benjamini-Hochberg
     min_count: int = 10  # token types seen fewer times are excluded from shares, significance and consistency
     top_k: int = 20  # top tokens listed per tower
+    token_view_blocks: int = 8  # blocks shown in tokens.html, each token coloured by its type's preference (recorded
+    # during the one scoring pass, so the page stays small whatever the data); 0 writes no token view
     center: bool = False  # subtract the global offset (one tower better overall) before testing each type; see
     # global_offset_nats in the summary and the tower_preference metric card
     pair_replicas: bool = True  # probe replicas: replica r of every tower was trained on the same data order
@@ -299,6 +305,7 @@ def score_model(model_dir, output_dir, **options):
     unscored_ids = [tokenizer.cls_token_id, tokenizer.sep_token_id] if needs_masking(objective, tower_type) else []
     collate = partial(collate_scored_blocks, unscored_ids=[token for token in unscored_ids if token is not None])
     dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate)
+    passages = ScoredPassages(args.token_view_blocks)
     scores = score_blocks(
         model,
         dataloader,
@@ -307,6 +314,7 @@ def score_model(model_dir, output_dir, **options):
         mask_token_id=tokenizer.mask_token_id,
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
+        passages=passages,
     )
     (accumulator,) = scores.accumulators
     result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
@@ -326,8 +334,33 @@ def score_model(model_dir, output_dir, **options):
         | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),
     }
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
-    write_report(args.output_dir, report, result, tokens)
+    token_view = None
+    if args.token_view_blocks:
+        source = f"The first {len(passages.input_ids)} of {len(blocks)} blocks of {report['data']['description']}."
+        token_view = token_view_page(result, tokens, passages, tokenizer, source)
+    write_report(args.output_dir, report, result, tokens, token_view)
     return {**report, "summary": result.summary}
+
+
+def token_view_page(result, tokens, passages, tokenizer, source):
+    """tokens.html: the recorded passages (ScoredPassages, padding dropped), filtered by the package's categories."""
+    shown = []
+    for input_ids, kept, gold_logprobs in zip(passages.input_ids, passages.attention_mask, passages.gold_logprobs):
+        token_ids = input_ids[kept].tolist()
+        texts = token_texts(tokenizer, token_ids)
+        shown.append({"token_ids": token_ids, "texts": texts, "gold_logprobs": gold_logprobs[:, kept]})
+    categories = token_view_categories(result, tokens, tokenizer)
+    return render_token_view(result.to_dict(), tokens, shown, categories, source=source)
+
+
+def token_view_categories(result, tokens, tokenizer) -> dict:
+    """The token categories of every scored type (twotower.evaluation.token_categories), or none for a tokenizer
+    that is neither byte-level BPE nor WordPiece, whose pieces they cannot label."""
+    try:
+        scheme = detect_scheme(tokenizer.get_vocab())
+    except ValueError:
+        return {}
+    return categorize(per_token_table(result, tokens), scheme, tokenizer.all_special_tokens)
 
 
 def summary_line(report, centered=False):
@@ -341,7 +374,8 @@ def summary_line(report, centered=False):
     if summary.get("test") == "replica":
         low, high = summary["reliability_ci"]
         return line + (
-            f"reliability {_number(summary['reliability'])} (95% CI {_number(low)} to {_number(high)}); "
+            f"reliability {_number(summary['reliability'])} (95% CI {_number(low)} to {_number(high)}"
+            f"{'; ' + NEGATIVE_RELIABILITY_NOTE if (summary['reliability'] or 0.0) < 0 else ''}); "
             f"{summary['num_significant']} of {summary['num_eligible_types']} eligible token types prefer one tower "
             f"beyond probe noise{' once centered on it' if centered else ''}; two-tower difference "
             f"{_number(summary['two_tower_difference_nats'])} nats against a same-tower floor of "

@@ -11,7 +11,13 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from twotower.training.objectives import needs_masking, objective_of, predicting_positions, prediction_targets
+from twotower.training.objectives import (
+    needs_masking,
+    objective_of,
+    predicting_positions,
+    prediction_targets,
+    target_shift,
+)
 
 from .tower_preference.preference_stats import PreferenceAccumulator
 from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
@@ -70,6 +76,46 @@ class BlockScores:
         return (self.probe_nll_sums[probe_set] / self.num_targets).tolist()
 
 
+class ScoredPassages:
+    """
+    The first `max_blocks` blocks as scored: their token ids and every probe's gold log-probability at each token,
+    recorded inside `score_blocks`' one pass over the model: the token view's passages (tower_preference.token_view).
+    """
+
+    def __init__(self, max_blocks: int, probe_set: int = 0):
+        self.max_blocks = max_blocks
+        self.probe_set = probe_set  # whose probes are recorded, of score_blocks' probe_models
+        self.input_ids = []  # one [seq] int64 array per block
+        self.attention_mask = []  # one [seq] bool array per block: False on the padding of sentence-pair blocks
+        self.gold_logprobs = []  # one [probes, seq] float32 array per block, NaN where no token was scored
+        self._rows = 0  # rows of the current batch that are recorded
+        self._batch_gold = None  # [probes, rows, seq] of the current batch, filled pass by pass
+
+    def add_batch(self, batch):
+        """Start a batch: keep its first rows while fewer than max_blocks blocks are kept."""
+        self._rows = min(self.max_blocks - len(self.input_ids), batch["input_ids"].shape[0])
+        self._batch_gold = None
+        input_ids = batch["input_ids"][: self._rows].cpu().numpy()  # [rows, seq]
+        attention_mask = batch.get("attention_mask")
+        kept = np.ones(input_ids.shape, bool) if attention_mask is None else attention_mask[: self._rows].cpu().numpy()
+        self.input_ids += list(input_ids)
+        self.attention_mask += list(kept.astype(bool))
+
+    def record(self, scored, gold, shift):
+        """
+        One scoring pass over the current batch: `scored` [batch, seq - shift] marks the predicting positions and
+        `gold` [probes, n] holds their log-probabilities in that order; position t predicts token t + shift.
+        """
+        if self._rows == 0:
+            return
+        predicted = F.pad(scored[: self._rows], (shift, 0), value=False).cpu().numpy()  # [rows, seq]: tokens scored
+        if self._batch_gold is None:
+            self._batch_gold = np.full((gold.shape[0], *predicted.shape), np.nan, np.float32)
+            self.gold_logprobs += list(self._batch_gold.transpose(1, 0, 2))  # views: [probes, seq] per block
+        # the first rows' positions come first in `gold`, which lists the scored positions row by row
+        self._batch_gold[:, predicted] = gold[:, : predicted.sum()]
+
+
 def _joint_nll_sum(model, features, targets, scored, objective) -> float:
     """The joint model's summed NLL at the scored positions only (a masking pass scores 1 in mask_passes)."""
     scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
@@ -105,12 +151,14 @@ def score_blocks(
     mask_token_id=None,
     pair_replicas=True,
     disable_tqdm=False,
+    passages=None,
 ) -> BlockScores:
     """
     Run the towers of `model` once per scoring pass of every batch of blocks, and feed from that one pass the joint
     model's NLL and, for each probe set (`probe_models`: models whose probes were trained on this frozen model;
     default `[model]`), its gold log-probabilities into its NLL sums and its accumulator (`accumulators`, default
-    `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`).
+    `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`), and into
+    `passages` (a ScoredPassages) for the first blocks.
     """
     probe_models = [model] if probe_models is None else list(probe_models)
     if accumulators is None:
@@ -118,6 +166,8 @@ def score_blocks(
     scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
     device, objective = next(model.parameters()).device, objective_of(model.config)
     for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
+        if passages is not None:
+            passages.add_batch(batch)
         for inputs, labels, attention_mask in _batch_passes(batch, device, model.config, mask_passes, mask_token_id):
             targets = prediction_targets(labels, objective)  # [batch, seq - shift]
             scored = targets != -100
@@ -125,8 +175,12 @@ def score_blocks(
             scores.joint_nll_sum += _joint_nll_sum(model, features, targets, scored, objective)
             scored_targets = targets[scored].cpu().numpy()  # [n]
             scores.num_targets += scored_targets.shape[0]
-            for probe_model, nll_sum, accumulator in zip(probe_models, scores.probe_nll_sums, accumulators):
+            for index, (probe_model, nll_sum, accumulator) in enumerate(
+                zip(probe_models, scores.probe_nll_sums, accumulators)
+            ):
                 gold = _gold_logprobs(probe_model, inputs, labels, features, scored, probe_chunk_size)
                 nll_sum -= gold.astype(np.float64).sum(axis=1)
                 accumulator.update(scored_targets, gold)
+                if passages is not None and index == passages.probe_set:
+                    passages.record(scored, gold, target_shift(objective))
     return scores

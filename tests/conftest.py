@@ -1,6 +1,7 @@
 """Shared fixtures: paths into ../shared/data (never copied into the repo) and offline mode."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,29 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def gpt2_tokenizer_dir(shared_data) -> Path:
     return shared_data / "tokenizers" / "gpt2"
+
+
+# CI sets it: there Chromium and Playwright are installed (.ci/run), so their absence is a broken install.
+REQUIRE_BROWSER = os.environ.get("TWOTOWER_REQUIRE_BROWSER", "0") == "1"
+CHROMIUM = os.environ.get("TWOTOWER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium (Debian's package: `apt-get install chromium`) driven by Playwright; the browser tests skip
+    where either is missing."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "needs Playwright (pip install playwright, in the test extra)"
+    else:
+        missing = None if CHROMIUM else "needs Chromium (apt-get install chromium, or TWOTOWER_CHROMIUM=its path)"
+    if missing:
+        if REQUIRE_BROWSER:
+            pytest.fail(f"{missing}; TWOTOWER_REQUIRE_BROWSER=1 makes its absence an error")
+        pytest.skip(missing)
+    with sync_playwright() as playwright:
+        # --no-sandbox: Chromium's sandbox refuses to start as root, which CI containers are
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()

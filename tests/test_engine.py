@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.scoring_engine import score_blocks, scoring_passes
+from twotower.evaluation.scoring_engine import ScoredPassages, score_blocks, scoring_passes
 
 VOCAB, SEQ, BATCH, NUM_BATCHES = 99, 13, 5, 3
 MASK_TOKEN_ID, MASK_PASSES = 3, 7
@@ -92,3 +92,30 @@ def test_joint_perplexity_is_the_models_own_forward_loss(objective):
     assert scores.num_targets == num_targets == expected_targets
     assert scores.joint_mean_nll == pytest.approx(nll_sum / num_targets, rel=1e-6)
     assert scores.joint_mean_nll == pytest.approx(np.log(VOCAB), rel=0.05)  # an untrained model: near uniform
+
+
+@pytest.mark.parametrize("objective", ["causal", "masked"])
+def test_scored_passages_hold_each_tokens_log_probabilities_from_the_one_pass(objective):
+    model = probe_set_on(tiny_model(objective), probe_replicas=2, seed=1)
+    max_blocks = BATCH + 2  # all of the first batch, 2 rows of the second
+    passages = ScoredPassages(max_blocks)
+    score_blocks(
+        model, batches(), mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID, disable_tqdm=True, passages=passages
+    )  # fmt: skip
+    blocks = torch.cat([batch["input_ids"] for batch in batches()])[:max_blocks]  # [blocks, seq]
+    assert len(passages.input_ids) == len(passages.gold_logprobs) == max_blocks
+    np.testing.assert_array_equal(np.stack(passages.input_ids), blocks.numpy())
+    assert np.stack(passages.attention_mask).all()
+
+    # independently, token by token: a causal LM predicts token t at position t - 1; a masked LM predicts token t in
+    # the pass that masks it (pass t % MASK_PASSES)
+    expected = np.full((max_blocks, model.config.num_probes, SEQ), np.nan, np.float32)  # [blocks, probes, seq]
+    with torch.no_grad():
+        if objective == "causal":
+            expected[:, :, 1:] = model.probe_logprobs(blocks, all_replicas=True).flatten(0, 1).transpose(0, 1)
+        for position in range(SEQ if objective == "masked" else 0):
+            masked = torch.arange(SEQ) % MASK_PASSES == position % MASK_PASSES
+            inputs, labels = blocks.masked_fill(masked, MASK_TOKEN_ID), blocks.masked_fill(~masked, -100)
+            every = model.probe_logprobs(inputs, labels=labels, all_replicas=True).flatten(0, 1)  # [probes, blocks, seq]
+            expected[:, :, position] = every[:, :, position].transpose(0, 1)
+    np.testing.assert_allclose(np.stack(passages.gold_logprobs), expected, rtol=1e-5, atol=1e-6)

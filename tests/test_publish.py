@@ -26,7 +26,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.torch import load_file, save_file
 
 from modeling_twotower import TwoTowerForCausalLM
-from twotower.evaluation.publish_metric import SPACE_FILES, stage_metric_space
+from twotower.evaluation.publish_metric import MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
 from twotower.evaluation.publish_metric import main as publish_metric_main
 from twotower.evaluation.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
@@ -426,7 +426,11 @@ def test_unpublishable_model_folders_raise_clear_errors(trained_run, tmp_path):
 def test_metric_space_is_staged_and_loads_with_evaluate(tmp_path):
     folder = stage_metric_space(tmp_path)
     assert folder == tmp_path.resolve() / "tower_preference"
-    assert sorted(path.name for path in folder.iterdir()) == sorted(SPACE_FILES)
+    assert sorted(path.name for path in folder.iterdir()) == sorted([*SPACE_FILES, "modeling_twotower"])
+    assert {"app.py", "token_view.py", "token_view.html.j2", "token_kinds.py"} <= set(SPACE_FILES)
+    # the model code the Space's app runs models with: this package's own
+    model_code = sorted(path.name for path in MODEL_CODE_DIR.glob("*.py"))
+    assert sorted(path.name for path in (folder / "modeling_twotower").glob("*.py")) == model_code
     assert "sdk: gradio" in (folder / "README.md").read_text()
 
     rng = np.random.default_rng(0)
@@ -455,3 +459,23 @@ def test_metric_space_push_creates_a_gradio_space(tmp_path, mocked_hub, capsys):
     assert FAKE_TOKEN not in "".join(capsys.readouterr())
     with pytest.raises(ValueError, match="must be `user/tower_preference`"):
         publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/preference", "--dry-run"])
+
+
+def test_model_code_that_is_not_the_packages_is_refused(trained_run, tmp_path, mocked_hub):
+    model_dir, _ = trained_run
+    tampered = tmp_path / "model"
+    shutil.copytree(model_dir, tampered)
+    for name in ("modeling_twotower.py", "configuration_twotower.py"):
+        with open(tampered / name, "a", encoding="utf-8") as handle:
+            handle.write("\nimport os\nos.system('echo the Hub would run this')\n")
+    (tampered / "helpers.py").write_text("print('and this')\n")
+    output_dir = tmp_path / "repo"
+    with pytest.raises(TwoTowerUserError) as raised:
+        publish_main(["--model_dir", str(tampered), "--repo_id", REPO_ID, "--output_dir", str(output_dir), "--dry-run"])
+    message = str(raised.value)
+    package_code = Path(sys.modules[TwoTowerForCausalLM.__module__].__file__).parent
+    assert message.startswith(
+        f"{tampered} holds model code that is not this package's ({package_code}): configuration_twotower.py and "
+        f"modeling_twotower.py differ from it, helpers.py is not in it."
+    )
+    assert "\n" not in message and not output_dir.exists() and not mocked_hub.upload_folder.called

@@ -3,6 +3,7 @@
 import errno
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -186,6 +187,24 @@ def test_per_token_table_and_plots(scored):
     assert all(f"]({name})" in markdown for name in report.PLOTS.values())
     assert "## Top tokens of tower 0" in markdown and "## Top tokens of tower 1" in markdown
     assert not list(scored["output_dir"].glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_token_view_holds_the_first_blocks_as_the_model_scores_them(scored):
+    page = (scored["output_dir"] / report.TOKEN_VIEW_HTML).read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="token-view-data">(.*?)</script>', page, re.S)[1])
+    shown_blocks = score.ScoringArguments.token_view_blocks  # the default
+    assert len(data["positions"]) == shown_blocks
+    # the model run directly: block b's predictions are gold_logprobs[:, b * (BLOCK_SIZE - 1) : ...], of tokens 1, 2, ...
+    direct = scored["gold_logprobs"][:, : shown_blocks * (BLOCK_SIZE - 1)].reshape(2, shown_blocks, BLOCK_SIZE - 1)
+    for block, positions in enumerate(data["positions"]):
+        assert positions[0] is None and len(positions) == BLOCK_SIZE  # the first token of a block is not predicted
+        np.testing.assert_allclose(np.array(positions[1:]).T, direct[:, block], atol=1e-4)
+    shown = shown_blocks * (BLOCK_SIZE - 1)
+    assert f"Shown: <b id=\"shown-count\">{shown:,}</b> of {MAX_BLOCKS * (BLOCK_SIZE - 1):,} scored tokens" in page
+    assert f"The first {shown_blocks} of {MAX_BLOCKS} blocks of local text" in page
+    assert "[tokens.html](tokens.html)" in (scored["output_dir"] / report.REPORT_MD).read_text()
+    # byte-level BPE pieces carry the token categories, one filter each
+    assert {"kind", "frequency", "case"} <= set(next(iter(data["types"].values()))["categories"])
 
 
 def test_compare_two_reports_matches_swapped_towers(scored, tmp_path):

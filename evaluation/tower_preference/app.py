@@ -1,16 +1,31 @@
-"""The Gradio app of the tower_preference Space: paste token ids and gold log-probabilities, read the metric."""
+"""
+The Gradio app of the tower_preference Space: paste token ids and gold log-probabilities and read the metric, or give
+a twotower model and a short text and read the metric next to the token view of that text.
 
+A Space runs it as a script (`python app.py`); the tests import it and launch `demo` on 127.0.0.1.
+"""
+
+import html
 import json
 from pathlib import Path
 
 import evaluate
 import gradio as gr
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+import modeling_twotower  # noqa: F401 (registers the twotower classes: the model code is this copy, never a repo's)
+from token_kinds import detect_scheme, letter_case, token_kind
+from token_view import render_token_view, token_texts
 
 
 # load the script beside this file (a Space's folder is not named after the metric); in memory: no cache files
 module = evaluate.load(str(Path(__file__).with_name("tower_preference.py")), keep_in_memory=True)
 EXAMPLE_TOKEN_IDS = "[11, 12, 11, 12, 11, 12]"
 EXAMPLE_GOLD_LOGPROBS = "[[-1.0, -2.0], [-3.0, -1.0], [-1.2, -2.1], [-3.1, -0.8], [-0.9, -2.2], [-2.9, -1.1]]"
+MAX_TEXT_TOKENS = 2048  # a short text: the Space scores it on a CPU while the user waits
+VIEW_HEIGHT_PX = 640
 
 
 def compute(token_ids, gold_logprobs, min_count):
@@ -23,7 +38,91 @@ def compute(token_ids, gold_logprobs, min_count):
         raise gr.Error(str(error)) from error
 
 
-demo = gr.Interface(
+def load_model(model_name_or_path):
+    """A twotower model (a local folder or a Hub id) and its tokenizer; one that needs masking passes is refused."""
+    try:
+        # the registered classes (this folder's copy of the model code) load it: a repository's own code never runs
+        config = AutoConfig.from_pretrained(model_name_or_path, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise gr.Error(f"{model_name_or_path!r} is not a model folder or Hub model id one can load: {error}") from error
+    if config.model_type != modeling_twotower.TwoTowerConfig.model_type:
+        raise gr.Error(f"{model_name_or_path!r} holds a {config.model_type!r} model; give a twotower model.")
+    is_masked = "TwoTowerForMaskedLM" in (config.architectures or [])
+    if is_masked and config.tower_type != "lstm":
+        raise gr.Error(
+            f"{model_name_or_path!r} is a masked LM with transformer towers, which is scored in masking passes: "
+            "score it with `python -m twotower.evaluation.score`, whose report's tokens.html is this view."
+        )
+    auto_class = AutoModelForMaskedLM if is_masked else AutoModelForCausalLM
+    model = auto_class.from_pretrained(model_name_or_path, trust_remote_code=False).eval()
+    return model, AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=False)
+
+
+@torch.inference_mode()
+def text_passages(model, tokenizer, text):
+    """The text in blocks of the model's positions, each with every probe's gold log-probability [probes, seq]."""
+    token_ids = tokenizer(text, verbose=False)["input_ids"]  # blocks of the model's positions, below
+    if not 2 <= len(token_ids) <= MAX_TEXT_TOKENS:
+        raise gr.Error(f"The text has {len(token_ids)} tokens; give between 2 and {MAX_TEXT_TOKENS}.")
+    block_size = model.config.max_position_embeddings
+    passages = []
+    for start in range(0, len(token_ids), block_size):
+        block = torch.tensor([token_ids[start : start + block_size]])  # [1, seq]
+        if not isinstance(model, modeling_twotower.TwoTowerForMaskedLM):
+            gold = model.probe_logprobs(block, all_replicas=True).flatten(0, 1)[:, 0]  # [probes, seq - 1]
+            gold = torch.nn.functional.pad(gold, (1, 0), value=float("nan"))  # the first token is not predicted
+        else:  # ELMo-style towers never read the token they predict: every token, unmasked
+            gold = model.probe_logprobs(block, labels=block, all_replicas=True).flatten(0, 1)[:, 0]  # [probes, seq]
+        ids = block[0].tolist()
+        passages.append({"token_ids": ids, "texts": token_texts(tokenizer, ids), "gold_logprobs": gold.numpy()})
+    return passages
+
+
+def type_categories(tokens, tokenizer):
+    """The kind and letter case of every type (twotower's token categories), none for other tokenizers."""
+    try:
+        scheme = detect_scheme(tokenizer.get_vocab())
+    except ValueError:
+        return {}
+    special_tokens = tokenizer.all_special_tokens
+    return {
+        "kind": [token_kind(token, scheme, special_tokens) for token in tokens],
+        "case": [letter_case(token, scheme) for token in tokens],
+    }
+
+
+def score_text(model_name_or_path, text, min_count):
+    """The token view of `text` (in a frame: the page keeps its own script and style) and the metric's results."""
+    model, tokenizer = load_model(model_name_or_path.strip())
+    passages = text_passages(model, tokenizer, text)
+    scored = [np.isfinite(passage["gold_logprobs"][0]) for passage in passages]
+    token_ids = np.concatenate([np.asarray(p["token_ids"])[mask] for p, mask in zip(passages, scored)])
+    gold_logprobs = np.concatenate([p["gold_logprobs"][:, mask] for p, mask in zip(passages, scored)], axis=1)
+    replicas = model.config.probe_replicas
+    probe_layout = {}
+    if replicas > 1:  # replica r of every tower was trained on one data order: paired, as the scoring command does
+        towers = model.config.num_towers
+        probe_layout = {"probe_towers": np.repeat(np.arange(towers), replicas).tolist(),
+                        "probe_runs": np.tile(np.arange(replicas), towers).tolist()}  # fmt: skip
+    folder = Path(model_name_or_path.strip())
+    try:
+        results = module.compute(
+            token_ids=token_ids.tolist(), gold_logprobs=gold_logprobs.T.tolist(), min_count=int(min_count),
+            model_config=folder if folder.is_dir() else model.config, **probe_layout,
+        )  # fmt: skip
+    except ValueError as error:
+        raise gr.Error(str(error)) from error
+    tokens = tokenizer.convert_ids_to_tokens(results["token_ids"])
+    source = f"{model_name_or_path.strip()} on the given text."
+    page = render_token_view(results, tokens, passages, type_categories(tokens, tokenizer), source=source)
+    frame = (
+        f'<iframe title="token view" srcdoc="{html.escape(page, quote=True)}" '
+        f'style="width: 100%; height: {VIEW_HEIGHT_PX}px; border: 0"></iframe>'
+    )
+    return frame, results
+
+
+paste_tab = gr.Interface(
     fn=compute,
     inputs=[
         gr.Textbox(label="token_ids: JSON list of gold token ids", value=EXAMPLE_TOKEN_IDS),
@@ -33,7 +132,21 @@ demo = gr.Interface(
         gr.Number(label="min_count", value=3, precision=0),
     ],
     outputs=gr.JSON(label="tower_preference"),
-    title="Metric: tower_preference",
     description=module.info.description,
 )
-demo.launch()
+model_tab = gr.Interface(
+    fn=score_text,
+    inputs=[
+        gr.Textbox(label="model: a twotower model with trained probes (a local folder or a Hub model id)"),
+        gr.Textbox(label="text: a short text to score", lines=6),
+        gr.Number(label="min_count", value=2, precision=0),
+    ],
+    outputs=[gr.HTML(label="token view"), gr.JSON(label="tower_preference")],
+    description="Each token coloured by the tower its type prefers in this text; hover a token for its numbers.",
+)
+demo = gr.TabbedInterface(
+    [paste_tab, model_tab], ["Token ids and log-probabilities", "A model and a text"], title="Metric: tower_preference"
+)
+
+if __name__ == "__main__":
+    demo.launch()

@@ -259,15 +259,37 @@ def check_token_ids(token_ids) -> None:
             )
 
 
-def check_gold_logprobs(gold_logprobs) -> None:
-    """Numbers only: the float64 feature would otherwise read "-1.5" as -1.5 and True as 1.0."""
+def check_gold_logprobs(gold_logprobs, num_predictions: int) -> None:
+    """
+    Numbers only, one row per prediction: [num_predictions, num_towers]. The float64 feature would otherwise read
+    "-1.5" as -1.5 and True as 1.0, and `evaluate` refuses another shape without naming the one it expects.
+    """
     try:
         array = np.asarray(gold_logprobs)
     except ValueError:
         return  # ragged rows: `_compute` names their lengths
+    if array.size == 0:
+        return  # the core names empty input
     if array.dtype.kind not in "iuf":
         raise ValueError(
             f"gold_logprobs must be numbers (log-probabilities); got {array.flat[0].item()!r} among them. Pass floats."
+        )
+    if array.ndim != 2:
+        raise ValueError(
+            f"gold_logprobs must hold one row per prediction, each with one log-probability per tower (shape "
+            f"[num_predictions, num_towers], e.g. [[-1.2, -2.3], [-0.7, -1.9]]); got shape {array.shape}."
+        )
+    if array.shape[0] != num_predictions and array.shape[1] == num_predictions:
+        raise ValueError(
+            f"gold_logprobs has {array.shape[0]} rows of {num_predictions} value(s) for {num_predictions} token_ids, "
+            "one row per tower; the metric takes one row per prediction, [num_predictions, num_towers]: transpose "
+            "it (e.g. `np.asarray(gold_logprobs).T.tolist()`)."
+        )
+    if array.shape[1] < 2:
+        raise ValueError(
+            f"gold_logprobs has rows of {array.shape[1]} value(s); each row is one prediction, holding one "
+            "log-probability per tower (per probe, with probe_towers), and preference needs at least 2 towers: pass "
+            "every tower's log-probability of the gold token."
         )
 
 
@@ -290,7 +312,7 @@ class TowerPreference(evaluate.Metric):
     def add_batch(self, *, predictions=None, references=None, **kwargs):
         """Add a batch of predictions (token_ids, gold_logprobs), checked before the features' silent casts."""
         check_token_ids(kwargs.get("token_ids", []))
-        check_gold_logprobs(kwargs.get("gold_logprobs", []))
+        check_gold_logprobs(kwargs.get("gold_logprobs", []), len(kwargs.get("token_ids", [])))
         super().add_batch(predictions=predictions, references=references, **kwargs)
 
     def add(self, *, prediction=None, reference=None, **kwargs):

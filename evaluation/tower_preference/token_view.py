@@ -1,0 +1,189 @@
+"""The token view: passages of a scored text with every token coloured by its type's tower preference.
+
+One self-contained HTML page (inline CSS and JavaScript, the data embedded as JSON; nothing is fetched when it is
+viewed), rendered from the Jinja template token_view.html.j2 beside this file. The colour of a token is the tower its
+type prefers, its strength the size of that preference, and a type whose preference is not significant beyond probe
+noise (the per-type test of the metric) is faded. Hovering a token shows a card: the token, each tower's
+log-probability of it at this position, and the type's preference with its interval. Filters select token categories,
+towers and significance.
+
+`python -m twotower.evaluation.score` writes it as a report's tokens.html; the tower_preference Space shows it for a
+model and a text. Both call `render_token_view` with the metric's result dict:
+
+    html = render_token_view(results, tokens, passages, categories={"kind": kinds})
+"""
+
+from pathlib import Path
+
+import jinja2
+import numpy as np
+from scipy import special
+
+
+TEMPLATE = "token_view.html.j2"
+# matplotlib's tab10, the colours of the towers in the report's plots
+TOWER_COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+INTERVAL_LEVEL = 0.95  # of the preference's interval on the hover card
+FULL_COLOUR_QUANTILE = 0.95  # a preference this high among the eligible types' preferences is drawn in full colour
+MIN_OPACITY, MAX_OPACITY = 0.15, 0.7  # of the token's background, from no preference to full colour: black text
+# stays legible on the darkest tower colour
+FADED_SHARE = 0.3  # a type without a significant preference keeps this share of its opacity
+DECIMALS = 4  # of the nats in the page's data (the card shows 3): halves the page's size
+
+
+def token_texts(tokenizer, token_ids) -> list[str]:
+    """The text each token adds to the decoded passage, so that the pieces joined read as the passage.
+
+    Decoding one id at a time would drop the spaces WordPiece puts between words, so each piece is what decoding one
+    more token adds (a character split over two byte-level tokens goes to the second).
+    """
+    texts, previous = [], ""
+    for end in range(1, len(token_ids) + 1):
+        decoded = tokenizer.decode(token_ids[:end], clean_up_tokenization_spaces=False)
+        texts.append(decoded[len(previous) :])
+        previous = decoded
+    return texts
+
+
+def preference_interval(results, level=INTERVAL_LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) [towers, types]: each preference's two-sided `level` interval, NaN where it has no standard error.
+
+    On the degrees of freedom of the metric's per-type test, so that 0 lies outside the interval exactly when that
+    test's p-value is below 1 - level: the replica-level test's residual plus prior degrees of freedom, or count - 1
+    over occurrences. Like the p-value before Benjamini-Hochberg (and before Bonferroni over more than 2 towers), it is
+    not corrected for the number of types tested.
+    """
+    standard_error = np.array(results["standard_error"], dtype=float)  # None (a single occurrence) -> NaN
+    if results.get("test") == "replica":
+        prior_df = results["prior_df"]  # None: infinite, the replica variances all equal the prior's
+        df = results["residual_df"] + (np.inf if prior_df is None else prior_df)
+    else:
+        df = np.maximum(np.asarray(results["count"]) - 1, 1)
+    half_width = special.stdtrit(df, 0.5 + level / 2) * standard_error
+    preference = np.asarray(results["preference_nats"], dtype=float)
+    return preference - half_width, preference + half_width
+
+
+def full_colour_nats(results) -> float:
+    """The preference drawn in full colour: FULL_COLOUR_QUANTILE of the eligible types' preferred-tower preference."""
+    preference = np.asarray(results["preference_nats"], dtype=float)
+    preferred = np.asarray(results["preferred_tower"])
+    margin = preference[preferred, np.arange(preferred.shape[0])][np.asarray(results["eligible"], dtype=bool)]
+    return max(float(np.quantile(margin, FULL_COLOUR_QUANTILE)) if margin.size else 0.0, 1e-3)
+
+
+def token_background(card, full_colour) -> str:
+    """The CSS background of a type's tokens: its preferred tower's colour, as opaque as its preference is large."""
+    tower = card["preferred_tower"]
+    strength = min(card["preference_nats"][tower] / full_colour, 1.0)
+    opacity = MIN_OPACITY + (MAX_OPACITY - MIN_OPACITY) * strength
+    if not card["significant"]:
+        opacity *= FADED_SHARE
+    red, green, blue = (int(TOWER_COLORS[tower % len(TOWER_COLORS)][i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red}, {green}, {blue}, {opacity:.3f})"
+
+
+def type_cards(results, tokens, categories, shown_ids) -> dict[int, dict]:
+    """The hover card's fields of each type in `shown_ids`: a dict per type, so that a report can add fields."""
+    index = {token_id: i for i, token_id in enumerate(results["token_ids"])}
+    low, high = preference_interval(results)
+    cards = {}
+    for token_id in sorted(shown_ids):
+        i = index[token_id]
+        preference = [row[i] for row in results["preference_nats"]]
+        cards[token_id] = {
+            "token": tokens[i],
+            "token_id": token_id,
+            "count": results["count"][i],
+            "categories": {scheme: labels[i] for scheme, labels in categories.items()},
+            "eligible": results["eligible"][i],
+            "significant": results["significant"][i],
+            "preferred_tower": results["preferred_tower"][i],
+            "preference_nats": [round(value, DECIMALS) for value in preference],
+            "interval_nats": [_finite_pair(low[t, i], high[t, i]) for t in range(len(preference))],
+            "p_value": None if results["p_value"][i] is None else float(f"{results['p_value'][i]:.3g}"),
+        }
+    return cards
+
+
+def _finite_pair(low, high):
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return None
+    return [round(float(low), DECIMALS), round(float(high), DECIMALS)]
+
+
+def tower_logprobs(gold_logprobs, results) -> np.ndarray:
+    """[towers, seq]: each tower's mean over its probe replicas of the gold log-probabilities [probes, seq]."""
+    gold_logprobs = np.asarray(gold_logprobs, dtype=float)
+    probe_towers = results.get("probe_towers") or list(range(gold_logprobs.shape[0]))  # one probe per tower
+    probe_towers = np.asarray(probe_towers)
+    return np.stack([gold_logprobs[probe_towers == t].mean(axis=0) for t in range(results["num_towers"])])
+
+
+def _passage_positions(passage, results):
+    """One entry per token of a passage: [each tower's log-probability] where it was scored, else None."""
+    logprobs = tower_logprobs(passage["gold_logprobs"], results)  # [towers, seq], NaN where not scored
+    return [None if np.isnan(column).any() else column.round(DECIMALS).tolist() for column in logprobs.T]
+
+
+def _passage_tokens(passage, entries, cards):
+    """What the template writes per token: its text, its type if that has a card, whether it was scored here."""
+    return [
+        {"text": text, "type": int(token_id) if int(token_id) in cards else None, "scored": entry is not None}
+        for token_id, text, entry in zip(passage["token_ids"], passage["texts"], entries, strict=True)
+    ]
+
+
+def render_token_view(results, tokens, passages, categories=None, title="Tower preference: token view", source=""):
+    """The token view page (HTML) of passages of a scored text.
+
+    Args:
+        results: the metric's result dict (`PreferenceResult.to_dict()`, or what the `evaluate` module returns).
+        tokens: the tokenizer's string of every type of results["token_ids"], in that order.
+        passages: dicts with "token_ids" [seq], "texts" [seq] (`token_texts`) and "gold_logprobs" [probes, seq], the
+            rows of probes as the metric was given them, NaN at the positions that were not scored.
+        categories: {scheme: [label of every type of results["token_ids"]]}, e.g. {"kind": [...]}; one filter each.
+        source: what the passages are, in words, for the page's heading (e.g. the first 8 of 40 blocks of a text).
+    """
+    categories = categories or {}
+    positions = [_passage_positions(passage, results) for passage in passages]
+    shown_ids = {int(token_id) for passage in passages for token_id in passage["token_ids"]} & set(results["token_ids"])
+    cards = type_cards(results, tokens, categories, shown_ids)
+    full_colour = full_colour_nats(results)
+    data = {
+        "num_towers": results["num_towers"],
+        "replicas_per_tower": results.get("replicas_per_tower"),
+        "types": {str(token_id): card for token_id, card in cards.items()},
+        "positions": positions,
+    }
+    return _environment().get_template(TEMPLATE).render(
+        title=title,
+        source=source,
+        results=results,
+        passages=[_passage_tokens(passage, entries, cards) for passage, entries in zip(passages, positions)],
+        cards=cards,
+        backgrounds={token_id: token_background(card, full_colour) for token_id, card in cards.items()},
+        category_values={scheme: sorted(set(labels)) for scheme, labels in categories.items()},
+        num_shown=sum(entry is not None for passage in positions for entry in passage),
+        full_colour_nats=full_colour,
+        full_colour_quantile=FULL_COLOUR_QUANTILE,
+        tower_colors=[TOWER_COLORS[t % len(TOWER_COLORS)] for t in range(results["num_towers"])],
+        opacities={"max": MAX_OPACITY, "faded": MAX_OPACITY * FADED_SHARE, "min": MIN_OPACITY},
+        interval_level=INTERVAL_LEVEL,
+        data=data,
+    )
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=True,  # token strings are text: "<", "&" and quotes are escaped wherever they are written
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    # tojson escapes <, >, & and ' inside the JSON (no "</script>" can end its tag); NaN would not parse in a browser
+    environment.policies["json.dumps_kwargs"] = {"allow_nan": False, "sort_keys": False}
+    return environment
