@@ -40,18 +40,17 @@ from twotower.training.train import training_function
 from twotower.training.validation import evaluate_cached
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 VOCAB_SIZE = 512  # the trained BPE: a fast decoder, and ln(512) = 6.24 nats at the start
 EVAL_BLOCKS = 32
 BLOCK_SIZE = 32  # the recipes use the paper's 128; a quarter of it keeps the suite fast
 
 
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> dict:
+def corpus(tmp_path_factory, shared_data) -> dict:
     """The first 400 kB of WikiText-2 train and 60 kB of validation (a slice, in a temporary folder)."""
     folder = tmp_path_factory.mktemp("wikitext-2-slice")
     for split, size in (("train", 400_000), ("valid", 60_000)):
-        with open(DATA_DIR / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
+        with open(shared_data / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
             (folder / f"{split}.txt").write_text(handle.read(size).rsplit("\n", 1)[0] + "\n")
     return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt")}
 
@@ -482,11 +481,13 @@ def test_bad_input_fails_fast_with_a_clear_message(case, corpus, tmp_path):
     assert not (tmp_path / "run" / "model").exists()
 
 
-def test_probe_phase_rejects_other_models_and_larger_tokenizers(pretrain_run, corpus, not_a_two_tower_model, tmp_path):
+def test_probe_phase_rejects_other_models_and_larger_tokenizers(
+    pretrain_run, corpus, not_a_two_tower_model, gpt2_tokenizer_dir, tmp_path
+):
     with pytest.raises(ValueError, match="not a two-tower model"):
         training_function(tiny_config("tiny_probe", corpus, tmp_path, pretrained_model=not_a_two_tower_model))
     with pytest.raises(ValueError, match="50257 tokens but the model's vocabulary has 512"):
         training_function(tiny_config(
             "tiny_probe", corpus, tmp_path, pretrained_model=pretrain_run["model_dir"],
-            tokenizer_name_or_path=DATA_DIR / "tokenizers" / "gpt2",
+            tokenizer_name_or_path=gpt2_tokenizer_dir,
         ))
