@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: install (see scripts/install.sh), then the tiny recipe on a local corpus:
-# pretrain the joint two-tower model, train two probe replicas per tower, and score tower preference on the
+# pretrain the joint two-tower model, train four probe replicas per tower, and score tower preference on the
 # validation text. Usage: bash scripts/train_tiny.sh [CORPUS_DIR] [OUTPUT_DIR], where CORPUS_DIR holds train.txt
 # and valid.txt (default: data/tiny-shakespeare, shipped with the repository; e.g. ../shared/data/wikitext-2).
 set -euo pipefail
