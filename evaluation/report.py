@@ -67,8 +67,9 @@ NEGATIVE_RELIABILITY_NOTE = "negative: probes agree less than chance, so there i
 BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tests, without and with probe replicas
 
 
-def per_token_table(result, tokens):
-    """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order."""
+def per_token_table(result, tokens, ablation=None):
+    """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order;
+    `ablation`, the mean-ablation PreferenceResult of the same positions (evaluation/ablation.py), adds its columns."""
     columns = {"token_id": result.token_ids, "token": tokens, "count": result.count}
     for name in ("mean_logprob", "preference_nats", "standard_error"):
         for tower_idx, values in enumerate(getattr(result, name)):
@@ -88,6 +89,12 @@ def per_token_table(result, tokens):
         )
         for probe_idx, values in enumerate(result.probe_mean_logprob):
             columns[f"probe_mean_logprob_probe{probe_idx}"] = values
+    if ablation is not None:
+        if not np.array_equal(ablation.token_ids, result.token_ids):
+            raise ValueError("the ablation result covers other token types than the probes' result")
+        for tower_idx, values in enumerate(ablation.preference_nats):
+            columns[f"ablation_preference_nats_tower{tower_idx}"] = values
+        columns.update(ablation_p_value=ablation.p_value, ablation_significant=ablation.significant)
     return pd.DataFrame(columns)
 
 
@@ -324,7 +331,7 @@ def render_markdown(report, table, has_token_view=False):
     )
 
 
-def write_report(output_dir, report, result, tokens, token_view=None):
+def write_report(output_dir, report, result, tokens, token_view=None, ablation=None):
     """
     Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity, and
     `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any.
@@ -338,7 +345,8 @@ def write_report(output_dir, report, result, tokens, token_view=None):
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        _write_report_files(staging, {**report, "summary": result.summary}, per_token_table(result, tokens), token_view)
+        table = per_token_table(result, tokens, ablation)
+        _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
         for path in sorted(staging.iterdir()):
             os.replace(path, output_dir / path.name)
     except BaseException as error:

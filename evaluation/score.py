@@ -22,6 +22,7 @@ One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat
 """
 
 import dataclasses
+import re
 import tempfile
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from datasets import DatasetDict
 from torch.utils.data import DataLoader
 from transformers import HfArgumentParser
 
@@ -41,13 +43,22 @@ from twotower.training.arguments import (
     parse_command_line,
 )
 from twotower.training.cli import run
-from twotower.training.data import BLOCK_FORMATS, collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.data import (
+    BLOCK_FORMATS,
+    collate_blocks,
+    load_raw_datasets,
+    resolve_text_files,
+    split_blocks,
+    tokenize_and_group,
+)
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.loading import load_two_tower, read_training_config
 from twotower.training.objectives import needs_masking, objective_of
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
 from twotower.training.validation import perplexity
 
+from .ablation import ablation_summary
+from .cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
 from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
 from .scoring_engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .token_categories import categorize, detect_scheme
@@ -55,6 +66,7 @@ from .tower_preference.token_view import render_token_view, token_texts
 
 
 SPLITS = ("validation", "train")
+DOCUMENT_COLUMN = "document"  # of each block: its first token's document (cross_fitting.number_documents)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # the ScoringArguments fields recorded in preference.json under "data" and "settings"
 DATA_FIELDS = (
@@ -70,7 +82,8 @@ DATA_FIELDS = (
     "spread_blocks",
 )
 SETTINGS_FIELDS = (
-    "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas"
+    "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas",
+    "ablation", "document_pattern",
 )
 # the allowed range of every bounded option (see twotower.training.arguments.check_ranges); None is unset
 SCORING_RANGES = {
@@ -126,6 +139,10 @@ class ScoringArguments(DataArguments):
     # global_offset_nats in the summary and the tower_preference metric card
     pair_replicas: bool = True  # probe replicas: replica r of every tower was trained on the same data order
     # (the probe phase does this), so the test pairs them; False compares independent replica means
+    ablation: bool = True  # the mean-ablation preference beside the probes' (evaluation/ablation.py): one more
+    # pass of the towers and one of the joint head per tower
+    document_pattern: str | None = WIKITEXT_ARTICLE_HEADING  # cross-fitting: a line matching it starts a new
+    # document, as does every file of the text; alternate documents form the two halves (evaluation/cross_fitting.py)
 
     def __post_init__(self):
         """Every option checked now, before the model runs over the data."""
@@ -136,6 +153,14 @@ class ScoringArguments(DataArguments):
             raise TwoTowerUserError(f"`block_format` is {self.block_format!r}; choose one of {list(BLOCK_FORMATS)}.")
         if self.dtype not in DTYPES:
             raise TwoTowerUserError(f"`dtype` is {self.dtype!r}; choose one of {list(DTYPES)}.")
+        if self.document_pattern is not None:
+            try:
+                re.compile(self.document_pattern)
+            except re.error as error:
+                raise TwoTowerUserError(
+                    f"`document_pattern` {self.document_pattern!r} is not a regular expression ({error}); pass one "
+                    "that matches the line starting a document, e.g. WikiText's article heading '^ = [^=].* = $'."
+                ) from error
         check_ranges(self, SCORING_RANGES, SCORING_UNSET_MEANS)
 
 
@@ -170,6 +195,8 @@ def load_blocks(args, tokenizer):
         raw_datasets = load_raw_datasets(
             args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file
         )
+        files = {"train": args.train_file, "validation": args.validation_file}
+        raw_datasets = with_documents(raw_datasets, files, args)
         lm_datasets = _tokenized_blocks(raw_datasets, args, tokenizer)
         blocks = split_blocks(lm_datasets, args.block_size, args.validation_split_percentage)[args.split]
     if args.max_blocks is None or len(blocks) <= args.max_blocks:
@@ -187,8 +214,30 @@ def _tokenized_blocks(raw_datasets, args, tokenizer):
         args.text_column_name,
         args.preprocessing_num_workers,
         args.overwrite_cache,
-        args.block_format or trained_block_format(args.model_dir),
+        block_format(args),
+        DOCUMENT_COLUMN if DOCUMENT_COLUMN in raw_datasets["train"].column_names else None,
     )
+
+
+def block_format(args) -> str:
+    return args.block_format or trained_block_format(args.model_dir)
+
+
+def with_documents(raw_datasets, files: dict, args):
+    """
+    Each split's lines numbered by document (cross_fitting.number_documents over the split's files), for
+    contiguous blocks; sentence-pair blocks are cut at sentence ends and keep no document.
+    """
+    if block_format(args) != "contiguous":
+        return raw_datasets
+    numbered = {}
+    for split, lines in raw_datasets.items():
+        paths = resolve_text_files(files[split]) if files.get(split) else []
+        counts = [load_raw_datasets(None, train_file=path)["train"].num_rows for path in paths] if len(paths) > 1 else [
+            lines.num_rows]
+        documents = number_documents(lines[args.text_column_name], counts, args.document_pattern)
+        numbered[split] = lines.add_column(DOCUMENT_COLUMN, documents.tolist())
+    return DatasetDict(numbered)
 
 
 def trained_block_format(model_dir) -> str:
@@ -200,6 +249,7 @@ def _validation_file_blocks(args, tokenizer):
     """The blocks of a local validation text: they depend on that text alone, so the training text is not read."""
     # load_raw_datasets names the split of a lone local text "train"
     raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, train_file=args.validation_file)
+    raw_datasets = with_documents(raw_datasets, {"train": args.validation_file}, args)
     blocks = _tokenized_blocks(raw_datasets, args, tokenizer)["train"]
     if len(blocks) == 0:
         raise TwoTowerUserError(
@@ -210,8 +260,11 @@ def _validation_file_blocks(args, tokenizer):
 
 
 def collate_scored_blocks(examples, unscored_ids=()):
-    """collate_blocks, whose labels (-100 on padding) also skip `unscored_ids`: [CLS] and [SEP] for a masked LM."""
+    """collate_blocks, whose labels (-100 on padding) also skip `unscored_ids`: [CLS] and [SEP] for a masked LM;
+    blocks numbered by document keep their numbers ([batch])."""
     batch = collate_blocks(examples)
+    if DOCUMENT_COLUMN in examples[0]:
+        batch[DOCUMENT_COLUMN] = torch.stack([example[DOCUMENT_COLUMN] for example in examples])
     if "attention_mask" in batch and unscored_ids:
         batch["labels"] = batch["labels"].masked_fill(torch.isin(batch["input_ids"], torch.tensor(unscored_ids)), -100)
     return batch
@@ -306,6 +359,9 @@ def score_model(model_dir, output_dir, **options):
     collate = partial(collate_scored_blocks, unscored_ids=[token for token in unscored_ids if token is not None])
     dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate)
     passages = ScoredPassages(args.token_view_blocks)
+    cross_fit = None
+    if model.config.probe_replicas >= 2 and DOCUMENT_COLUMN in blocks.column_names:
+        cross_fit = CrossFittedPreference(model.config.num_towers, model.config.probe_replicas, model.config.vocab_size)
     scores = score_blocks(
         model,
         dataloader,
@@ -315,6 +371,8 @@ def score_model(model_dir, output_dir, **options):
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
         passages=passages,
+        cross_fit=cross_fit,
+        ablation=args.ablation,
     )
     (accumulator,) = scores.accumulators
     result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
@@ -333,24 +391,33 @@ def score_model(model_dir, output_dir, **options):
         "perplexity": {"joint": perplexity(scores.joint_mean_nll)}
         | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),
     }
+    ablation = None
+    if scores.ablation is not None:
+        ablation = scores.ablation.accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
+        report["ablation"] = ablation_summary(ablation, result, scores.ablation.mean_increase_nats())
+    if cross_fit is not None:
+        replica_data = (read_training_config(args.model_dir) or {}).get("probe_replica_data", "shared")
+        report["cross_fit"] = cross_fit.compute(args.min_count) | {"probe_replica_data": replica_data}
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     token_view = None
     if args.token_view_blocks:
         source = f"The first {len(passages.input_ids)} of {len(blocks)} blocks of {report['data']['description']}."
-        token_view = token_view_page(result, tokens, passages, tokenizer, source)
-    write_report(args.output_dir, report, result, tokens, token_view)
+        token_view = token_view_page(result, tokens, passages, tokenizer, source, ablation)
+    write_report(args.output_dir, report, result, tokens, token_view, ablation)
     return {**report, "summary": result.summary}
 
 
-def token_view_page(result, tokens, passages, tokenizer, source):
-    """tokens.html: the recorded passages (ScoredPassages, padding dropped), filtered by the package's categories."""
+def token_view_page(result, tokens, passages, tokenizer, source, ablation=None):
+    """tokens.html: the recorded passages (ScoredPassages, padding dropped), filtered by the package's categories,
+    with the mean-ablation preference (a PreferenceResult) on the hover card when given."""
     shown = []
     for input_ids, kept, gold_logprobs in zip(passages.input_ids, passages.attention_mask, passages.gold_logprobs):
         token_ids = input_ids[kept].tolist()
         texts = token_texts(tokenizer, token_ids)
         shown.append({"token_ids": token_ids, "texts": texts, "gold_logprobs": gold_logprobs[:, kept]})
     categories = token_view_categories(result, tokens, tokenizer)
-    return render_token_view(result.to_dict(), tokens, shown, categories, source=source)
+    ablation = None if ablation is None else ablation.to_dict()
+    return render_token_view(result.to_dict(), tokens, shown, categories, source=source, ablation=ablation)
 
 
 def token_view_categories(result, tokens, tokenizer) -> dict:

@@ -19,6 +19,7 @@ from twotower.training.objectives import (
     target_shift,
 )
 
+from .ablation import MeanAblation, joint_nll, tower_feature_means
 from .tower_preference.preference_stats import PreferenceAccumulator
 from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
@@ -66,6 +67,7 @@ class BlockScores:
     probe_nll_sums: list  # one [probes] float64 array per probe set, tower-major as in `TwoTowerProbes`
     joint_nll_sum: float = 0.0
     num_targets: int = 0
+    ablation: MeanAblation | None = None  # the mean-ablation increases, when asked for
 
     @property
     def joint_mean_nll(self) -> float:
@@ -116,13 +118,6 @@ class ScoredPassages:
         self._batch_gold[:, predicted] = gold[:, : predicted.sum()]
 
 
-def _joint_nll_sum(model, features, targets, scored, objective) -> float:
-    """The joint model's summed NLL at the scored positions only (a masking pass scores 1 in mask_passes)."""
-    scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
-    logits = model.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
-    return F.cross_entropy(logits.float(), targets[scored], reduction="sum").item()
-
-
 def _gold_logprobs(probe_model, inputs, labels, features, scored, chunk_size) -> np.ndarray:
     """One probe set's gold log-probabilities at the scored positions, [probes, n] float32, tower-major."""
     gold = probe_model.probe_logprobs(inputs, labels=labels, chunk_size=chunk_size, features=features, all_replicas=True)
@@ -152,19 +147,28 @@ def score_blocks(
     pair_replicas=True,
     disable_tqdm=False,
     passages=None,
+    cross_fit=None,
+    ablation=False,
 ) -> BlockScores:
     """
     Run the towers of `model` once per scoring pass of every batch of blocks, and feed from that one pass the joint
     model's NLL and, for each probe set (`probe_models`: models whose probes were trained on this frozen model;
     default `[model]`), its gold log-probabilities into its NLL sums and its accumulator (`accumulators`, default
     `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`), and into
-    `passages` (a ScoredPassages) for the first blocks.
+    `passages` (a ScoredPassages) for the first blocks, and the first probe set's into `cross_fit` (a
+    cross_fitting.CrossFittedPreference) with the document of each prediction (the batches' "document" [batch]).
+    With `ablation`, a first pass of the towers takes each tower's mean feature, and the joint model's loss with each
+    tower mean-ablated feeds `BlockScores.ablation` (evaluation/ablation.py).
     """
     probe_models = [model] if probe_models is None else list(probe_models)
     if accumulators is None:
         accumulators = [preference_accumulator(probe_model.config, pair_replicas) for probe_model in probe_models]
     scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
     device, objective = next(model.parameters()).device, objective_of(model.config)
+    if ablation:
+        passes = (each for batch in tqdm(dataloader, desc="Tower means", disable=disable_tqdm)
+                  for each in _batch_passes(batch, device, model.config, mask_passes, mask_token_id))
+        scores.ablation = MeanAblation(tower_feature_means(model, passes), model.config.vocab_size)
     for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
         if passages is not None:
             passages.add_batch(batch)
@@ -172,7 +176,12 @@ def score_blocks(
             targets = prediction_targets(labels, objective)  # [batch, seq - shift]
             scored = targets != -100
             features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
-            scores.joint_nll_sum += _joint_nll_sum(model, features, targets, scored, objective)
+            # a masking pass scores 1 in mask_passes positions: only those
+            scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+            nll = joint_nll(model, scored_features, targets[scored])  # [n]
+            scores.joint_nll_sum += nll.sum().item()
+            if scores.ablation is not None:
+                scores.ablation.update(model, scored_features, targets[scored], nll)
             scored_targets = targets[scored].cpu().numpy()  # [n]
             scores.num_targets += scored_targets.shape[0]
             for index, (probe_model, nll_sum, accumulator) in enumerate(
@@ -183,4 +192,7 @@ def score_blocks(
                 accumulator.update(scored_targets, gold)
                 if passages is not None and index == passages.probe_set:
                     passages.record(scored, gold, target_shift(objective))
+                if cross_fit is not None and index == 0:
+                    rows = scored.nonzero(as_tuple=True)[0].cpu()  # the block of every scored position, in order
+                    cross_fit.update(scored_targets, gold, batch["document"][rows].numpy())
     return scores

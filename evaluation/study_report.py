@@ -31,7 +31,9 @@ from matplotlib import pyplot as plt
 
 from twotower.training.atomic import write_text_atomically
 
+from .cross_fitting import replica_groups
 from .report import eligible_preferences, load_report, save_figure, template_environment, tower_columns
+from .study_cross_fit import NEAR_ZERO_R, cross_fit_summary_lines, cross_fit_table, cross_fit_verdicts
 from .study_verdicts import (
     CONVERGENCE_TOLERANCE, MASKED_MARGIN_NATS, NULL_PERMUTATIONS, convergence_check, difference_or_none,
     family_verdict, load_run_types, matched_quality, trajectory_rows,
@@ -501,6 +503,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         plot_convergence(checks, report_dir / "convergence.png")
     total_minutes, longest_run_minutes = compute_minutes(summaries)
     preferred = top_types(runs_dir, summaries, primary)
+    cross_fit = cross_fit_verdicts(summaries, runs_dir, primary, study)
     document = render_template(
         STUDY_TEMPLATE,
         command=command,
@@ -510,6 +513,11 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         num_replicas=study.probe["probe_replicas"],
         verdicts=verdicts,
         summary_lines=summary_lines(verdicts),
+        cross_fit_lines=cross_fit_summary_lines(cross_fit),
+        cross_fit_verdicts=cross_fit,
+        cross_fit_table=markdown_table(cross_fit_table(cross_fit)) if cross_fit else None,
+        cross_fit_groups=replica_groups(study.probe["probe_replicas"]),
+        near_zero_r=NEAR_ZERO_R,
         verdicts_table=markdown_table(verdict_rows(verdicts)),
         other_texts={text: markdown_table(verdict_rows(by_family)) for text, by_family in verdicts_by_text.items()
                      if text != primary and by_family},
@@ -529,6 +537,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     results = {
         "command": command,
         "verdicts": _without_bootstrap_values(verdicts),
+        "cross_fit_verdicts": cross_fit,
         "verdicts_by_text": {text: _without_bootstrap_values(by_text) for text, by_text in verdicts_by_text.items()},
         "convergence": [{key: value for key, value in check.items() if key not in ("history", "long_history")}
                         for check in checks],

@@ -29,6 +29,8 @@ CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
 CONVERGENCE_TOLERANCE = 0.02  # the loss at the run's length within 2% of the loss at the convergence run's length
 MASKED_MARGIN_NATS = 1.0  # the masked family must be this far below the unigram cross-entropy
+# "emerges from cooperation" needs independent towers to show (almost) none: their reliability's interval below this
+NEAR_ZERO_RELIABILITY = 0.1
 
 
 @dataclass
@@ -214,10 +216,11 @@ def family_verdict(runs: list[RunTypes], control_runs: list[RunTypes]) -> dict:
 def conclusion(verdict: dict) -> str:
     """
     What the intervals allow one to say: "not there" (the preference's interval over the floor holds 0), "no
-    control" (no control runs), "emerges from cooperation" (the reliability difference's interval above 0), "weaker
-    with cooperation" (below 0), "exists without cooperation" (the difference's interval holds 0 and the control's
-    preference is above the floor too), else "undecided" (the difference holds 0, the control's preference does not
-    clear the floor).
+    control" (no control runs), "emerges from cooperation" (the reliability difference's interval above 0 and the
+    control's reliability near 0: its interval below NEAR_ZERO_RELIABILITY), "more reliable with cooperation" (the
+    difference above 0, the control reliable too), "weaker with cooperation" (below 0), "exists without
+    cooperation" (the difference's interval holds 0 and the control's preference is above the floor too), else
+    "undecided" (the difference holds 0, the control's preference does not clear the floor).
     """
     if verdict["preference_over_floor_ci"][0] <= 0:
         return "not there"
@@ -225,7 +228,9 @@ def conclusion(verdict: dict) -> str:
         return "no control"
     low, high = verdict["difference_ci"]
     if low > 0:
-        return "emerges from cooperation"
+        if verdict["control_reliability_ci"][1] < NEAR_ZERO_RELIABILITY:
+            return "emerges from cooperation"
+        return "more reliable with cooperation"
     if high < 0:
         return "weaker with cooperation"
     if verdict["control_preference_over_floor_ci"][0] > 0:

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, tokenize_and_group
+from twotower.training.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.probe_cache import FeatureCache, build_feature_cache, replica_orders, step_positions
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
@@ -189,6 +190,53 @@ def test_a_step_reads_the_positions_of_each_replicas_next_blocks():
         [7, 8, 9, 10, 11, 3, 4, 5, 6, 0, 1, 2],  # blocks 3, (1,) 4, 2, 0
     ]))  # fmt: skip
     assert [step.shape[1] for step in steps] == [5, 5, 2]
+
+
+def test_disjoint_replicas_each_order_their_own_slice():
+    orders = replica_orders(seed=3, epoch=0, num_replicas=3, num_blocks=50, disjoint=True)  # 16 blocks each
+    assert orders.shape == (3, 16)
+    for replica in range(3):  # a permutation of the replica's contiguous slice, blocks 16r to 16r + 15
+        assert torch.equal(orders[replica].sort().values, torch.arange(16) + 16 * replica)
+    assert not torch.equal(replica_orders(3, 1, 3, 50, disjoint=True), orders)  # a new order every epoch
+    # 2 blocks for 3 replicas: one message naming the numbers and the fix
+    with pytest.raises(TwoTowerUserError, match="2 training blocks .* into 3 slices"):
+        replica_orders(3, 0, 3, 2, disjoint=True)
+
+
+def test_a_disjoint_step_takes_as_many_positions_of_every_replica():
+    # masked-LM-like blocks of 3, 0, 4, 2 predicted positions; replica 0 orders blocks 0-1 (3 rows), replica 1
+    # blocks 2-3 (6 rows): the epoch's last step stops at the shorter stream
+    block_starts = torch.tensor([0, 3, 3, 7, 9])
+    orders = torch.tensor([[1, 0], [3, 2]])
+    steps = [step_positions(orders, step, 2, 2, block_starts) for step in range(2)]
+    assert torch.equal(torch.cat(steps, dim=1), torch.tensor([[0, 1, 2], [7, 8, 3]]))
+
+
+def test_disjoint_replicas_train_on_their_own_blocks_only(causal_model, corpus, tmp_path, monkeypatch):
+    read = []  # every step's positions, [replicas, n]
+    original = FeatureCache.replica_batch
+    monkeypatch.setattr(FeatureCache, "replica_batch", lambda cache, positions: read.append(positions) or original(
+        cache, positions))
+    config = probe_config(causal_model, corpus, tmp_path, probe_replicas=2, probe_replica_data="disjoint",
+                          num_train_epochs=2)  # fmt: skip
+    result = training_function(config)
+    positions = torch.cat(read, dim=1)  # both epochs
+    per_block = BLOCK_SIZE - 1  # a causal block predicts all but its first token
+    slice_positions = TRAIN_BLOCKS // 2 * per_block
+    for replica in (0, 1):
+        seen = positions[replica].unique()
+        # its slice, all of it: every position of blocks [32r, 32r + 32) read once an epoch
+        assert torch.equal(seen, torch.arange(slice_positions) + replica * slice_positions)
+    assert positions.shape[1] == 2 * slice_positions
+    assert result["completed_steps"] == 2 * math.ceil(slice_positions / (8 * per_block))
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert saved["probe_replicas"] == 2
+
+
+def test_linear_probes_refuse_disjoint_slices(causal_model, corpus, tmp_path):
+    with pytest.raises(TwoTowerUserError, match="--probe_type linear solves every probe over the whole cache"):
+        probe_config(causal_model, corpus, tmp_path, probe_type="linear", probe_replica_data="disjoint",
+                     max_train_steps=5)
 
 
 def test_early_stopping_over_epochs_keeps_the_best(causal_model, corpus, tmp_path, monkeypatch, capsys):

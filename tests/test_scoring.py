@@ -7,6 +7,7 @@ import re
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation import PreferenceAccumulator, compute_preference
 from twotower.evaluation import compare, report, score
+from twotower.evaluation.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
 from twotower.training.cli import run
 from twotower.training.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
@@ -131,7 +133,7 @@ def assert_summaries_close(summary, expected):
 
 def test_report_numbers_match_the_model_run_directly(scored):
     written = json.loads((scored["output_dir"] / report.PREFERENCE_JSON).read_text())
-    assert set(written) == {"model", "data", "settings", "perplexity", "summary"}
+    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "ablation"}  # one probe: no cross-fit
     assert written == json.loads(json.dumps(scored["returned"]))  # main returns what it wrote
 
     token_ids, gold_logprobs, joint_nll = scored["token_ids"], scored["gold_logprobs"], scored["joint_nll"]
@@ -307,6 +309,58 @@ def test_probe_replicas_are_scored_with_the_replica_level_test(scored, tmp_path,
     expected = compute_preference(token_ids, gold, min_count=MIN_COUNT, top_k=5, center=True, probe_towers=probe_towers)
     assert unpaired["summary"]["probe_runs"] is None and not unpaired["summary"]["paired"]
     assert unpaired["summary"]["reliability"] == pytest.approx(expected.summary["reliability"], rel=1e-9)
+
+
+def test_blocks_keep_their_document_and_the_report_cross_fits_and_ablates(scored, tmp_path):
+    # a folder of two texts (WikiText's validation slice, then the training slice): documents start at each file
+    # and at each WikiText article heading; alternate documents form the two halves
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    shutil.copyfile(scored["validation_file"], texts / "a.txt")
+    shutil.copyfile(scored["train_file"], texts / "b.txt")
+    model = train_probe_replicas(
+        TwoTowerForCausalLM.from_pretrained(scored["model_dir"]), scored["blocks"]["train"], replicas=4
+    )
+    model.save_pretrained(tmp_path / "model")
+    scored["tokenizer"].save_pretrained(tmp_path / "model")
+    options = dict(validation_file=str(texts), block_size=BLOCK_SIZE, batch_size=5, min_count=MIN_COUNT,
+                   disable_tqdm=True, cpu=True)  # fmt: skip
+    written = score.score_model(tmp_path / "model", tmp_path / "report", **options)
+
+    # independently: the line of each block's first token (one map batch: fewer than 1,000 lines), its document
+    files = [texts / "a.txt", texts / "b.txt"]
+    lines = [line for path in files for line in path.read_text(encoding="utf-8").splitlines(keepends=True)]
+    line_ends = np.cumsum([len(scored["tokenizer"](line, add_special_tokens=False)["input_ids"]) for line in lines])
+    counts = [len(path.read_text(encoding="utf-8").splitlines(keepends=True)) for path in files]
+    documents = number_documents(lines, counts, WIKITEXT_ARTICLE_HEADING)
+    num_blocks = int(line_ends[-1]) // BLOCK_SIZE
+    block_documents = documents[np.searchsorted(line_ends, np.arange(num_blocks) * BLOCK_SIZE, side="right")]
+    assert written["data"]["num_blocks"] == num_blocks and len(set(block_documents)) > 4
+
+    expected = CrossFittedPreference(num_towers=2, replicas_per_tower=4, vocab_size=model.config.vocab_size)
+    raw = load_raw_datasets("unused", None, str(texts))
+    blocks = tokenize_and_group(raw, scored["tokenizer"], BLOCK_SIZE)["train"].with_format("torch")
+    with torch.no_grad():
+        for start in range(0, num_blocks, 5):
+            input_ids = blocks[start : start + 5]["input_ids"]
+            gold = model.probe_logprobs(input_ids, all_replicas=True).flatten(0, 1).flatten(1)  # [probes, n]
+            row_documents = np.repeat(block_documents[start : start + 5], BLOCK_SIZE - 1)
+            expected.update(input_ids[:, 1:].flatten().numpy(), gold.numpy(), row_documents)
+    expected = expected.compute(min_count=MIN_COUNT)
+    assert written["cross_fit"]["probe_replica_data"] == "shared"  # probes trained here, not by a disjoint run
+    for key in ("num_documents", "num_predictions", "num_types", "replica_groups"):
+        assert written["cross_fit"][key] == expected[key], key
+    for key in ("cross_fitted_r", "same_probes_other_text_r", "other_probes_same_text_r"):
+        assert written["cross_fit"][key] == pytest.approx(expected[key], abs=1e-6), key
+
+    # the ablation preference: summary, per-token columns and report sections agree
+    table = pd.read_csv(tmp_path / "report" / report.PER_TOKEN_CSV)
+    ablation = written["ablation"]
+    assert int((table["ablation_significant"] & table["eligible"]).sum()) == ablation["num_significant"]
+    np.testing.assert_allclose(table["ablation_preference_nats_tower0"], -table["ablation_preference_nats_tower1"])
+    markdown = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "## Cross-fitted preference" in markdown and "## Ablation preference (no probe)" in markdown
+    assert f"| other group | other half | {written['cross_fit']['cross_fitted_r']:.3f} |" in markdown
 
 
 def test_scoring_rejects_bad_arguments(scored, tmp_path):

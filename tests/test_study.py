@@ -11,12 +11,14 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from scipy import stats
 from torch.utils.data import DataLoader
 
 from twotower.evaluation import study as study_module
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
+from twotower.evaluation.study_cross_fit import cross_fit_conclusion
 from twotower.evaluation.study_report import category_recurrence, compute_minutes, run_rows
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
@@ -61,6 +63,7 @@ MICRO_STUDY = {
     },
     "probe": {
         "probe_replicas": NUM_REPLICAS,
+        "probe_replica_data": "disjoint",  # cross-fitted: each replica on its own half of the training blocks
         "max_train_steps": 30,
         "num_warmup_steps": 1,
         "eval_steps": 3,
@@ -224,12 +227,65 @@ def test_verdicts_are_the_scoring_commands_figures_with_intervals(micro_study):
     # the document states each verdict with its interval, in one sentence and in the table
     low, high = verdict["reliability_ci"]
     assert f"{verdict['reliability']:.3f} [{low:.3f}, {high:.3f}]" in text
-    (row,) = [cells for cells in markdown_rows(text) if cells[0] == "causal" and cells[1] == "2"][:1]
+    verdicts_section = text.split("## Verdicts (")[1]
+    (row,) = [cells for cells in markdown_rows(verdicts_section) if cells[0] == "causal" and cells[1] == "2"][:1]
     assert row[-1] == verdict["conclusion"]
     assert set(study["verdicts_by_text"]) == {"books", "wiki-test"}
     for heading in ("## Verdicts (books, end of training)", "## Convergence", "## Trajectory", "## Runs",
                     "## What the towers take (books)"):
         assert heading in text
+
+
+def test_cross_fitted_verdicts_average_each_runs_report_over_seeds(micro_study):
+    text = micro_study["report"].read_text()
+    study = json.loads((micro_study["report"].parent / "study.json").read_text())
+    verdict = study["cross_fit_verdicts"]["causal"]
+    runs_dir = micro_study["output_dir"] / "runs"
+    reports = {name: json.loads((runs_dir / name / "scores" / PRIMARY_TEXT / "preference.json").read_text())
+               for name in ("causal-t2-s0", "causal-t2-s1", "control-t2-s0")}  # fmt: skip
+    assert all(report["cross_fit"]["probe_replica_data"] == "disjoint" for report in reports.values())
+
+    # the cooperative arm: the mean of its seeds' cross-fitted r, with a t interval on 1 degree of freedom
+    per_seed = [reports[f"causal-t2-s{seed}"]["cross_fit"]["cross_fitted_r"] for seed in (0, 1)]
+    cooperative = verdict["cooperative"]["cross_fitted_r"]
+    assert cooperative["per_seed"] == per_seed and cooperative["value"] == pytest.approx(np.mean(per_seed))
+    low, high = stats.t.interval(0.95, 1, loc=np.mean(per_seed), scale=stats.sem(per_seed))
+    assert cooperative["ci"] == pytest.approx([low, high])
+    control = verdict["control"]["cross_fitted_r"]
+    assert control["value"] == reports["control-t2-s0"]["cross_fit"]["cross_fitted_r"] and control["ci"] is None
+    # paired by seed: only seed 0 has both arms, too few for an interval, and the verdict says so
+    difference = verdict["difference"]
+    assert difference["seeds"] == [0] and difference["ci"] is None
+    assert difference["value"] == pytest.approx(per_seed[0] - control["value"])
+    expected_words = "no reproducible preference" if low <= 0 else "too few paired seeds for an interval"
+    assert verdict["conclusion"] == expected_words
+
+    # the ablation agreement of one run: Pearson's r of its per-token table's two preferences
+    _, table = load_report(runs_dir / "causal-t2-s0" / "scores" / PRIMARY_TEXT)
+    eligible = table[table["eligible"]]
+    expected = np.corrcoef(eligible["preference_nats_tower0"], eligible["ablation_preference_nats_tower0"])[0, 1]
+    first = verdict["cooperative"]["ablation_r"]["per_seed"][0]
+    assert first["r"] == pytest.approx(expected) and first["ci"][0] < first["r"] < first["ci"][1]
+
+    assert "## Cross-fitted verdicts" in text and "In short, cross-fitted" in text
+    assert f"*{expected_words}*; cross-fitted r {cooperative['value']:.2f} [{low:.2f}, {high:.2f}]" in text
+
+
+@pytest.mark.parametrize("cooperative, control, difference, words", [
+    ([0.1, 0.5], [-0.1, 0.08], [0.1, 0.5], "emerges from cooperation"),
+    ([0.4, 0.6], [0.2, 0.4], [0.1, 0.3], "cooperative towers differ more reproducibly than independent ones"),
+    ([0.4, 0.6], [0.4, 0.6], [-0.1, 0.1], "no difference shown between cooperative and independent towers"),
+    ([0.2, 0.4], [0.5, 0.7], [-0.4, -0.2], "independent towers differ more reproducibly than cooperative ones"),
+    ([-0.1, 0.3], [0.0, 0.1], [-0.1, 0.3], "no reproducible preference"),
+    ([0.4, 0.6], None, None, "reproducible preference (no control)"),
+])  # fmt: skip
+def test_cross_fitted_words_say_what_the_intervals_show(cooperative, control, difference, words):
+    def arm(ci):
+        return None if ci is None else {"cross_fitted_r": {"value": sum(ci) / 2, "ci": ci}}
+
+    verdict = {"cooperative": arm(cooperative), "control": arm(control),
+               "difference": None if difference is None else {"value": sum(difference) / 2, "ci": difference}}
+    assert cross_fit_conclusion(verdict) == words
 
 
 def test_compute_time_counts_each_run_once_over_its_texts(micro_study):

@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+from twotower.evaluation.tower_preference.preference_stats import PreferenceAccumulator
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.evaluation.tower_preference.token_view import TOWER_COLORS, render_token_view
 from twotower.training.tokenizer import train_bpe_tokenizer
@@ -70,14 +71,23 @@ def planted():
         passage_gold[:, 0] = np.nan  # as a causal LM scores a block: its first token is not predicted
         ids = token_ids[span].tolist()
         passages.append({"token_ids": ids, "texts": [f" w{i}" for i in ids], "gold_logprobs": passage_gold})
-    return {"token_ids": token_ids, "gold": gold, "results": results, "tokens": tokens, "passages": passages}
+    # the mean-ablation increases [towers, n], planted the other way round: the joint model needs tower 1 more for
+    # type 20 (by 0.4 nats), and neither for the others
+    increases = rng.normal(0.3, 0.2, (TOWERS, token_ids.size))
+    increases[1, token_ids == PREFERS_TOWER_0] += 0.4
+    accumulator = PreferenceAccumulator(num_towers=TOWERS)
+    accumulator.update(token_ids, increases - increases.max(axis=0))  # as evaluation/ablation.py feeds it
+    ablation = accumulator.compute(min_count=10).to_dict()
+    return {"token_ids": token_ids, "gold": gold, "results": results, "tokens": tokens, "passages": passages,
+            "increases": increases, "ablation": ablation}
 
 
 @pytest.fixture
 def token_view(planted, chromium, tmp_path):
     """tokens.html of the planted preferences, opened offline; yields (page, URLs the page requested)."""
     kinds = ["word-initial" if i % 2 else "continuation" for i in planted["results"]["token_ids"]]
-    page_html = render_token_view(planted["results"], planted["tokens"], planted["passages"], {"kind": kinds})
+    page_html = render_token_view(planted["results"], planted["tokens"], planted["passages"], {"kind": kinds},
+                                  ablation=planted["ablation"])
     path = tmp_path / "tokens.html"
     path.write_text(page_html, encoding="utf-8")
     context = chromium.new_context(offline=True, viewport={"width": 1100, "height": 800})
@@ -136,6 +146,12 @@ def test_the_hover_card_shows_this_positions_numbers(token_view, planted):
         f"(95% interval {low:.3f} to {high:.3f})"
     )
     assert card.locator("[data-field=significance]").inner_text().startswith("Beyond probe noise: yes (p = ")
+    # the planted ablation preference: tower 1's mean increase over the type's occurrences minus tower 0's
+    needs_tower_1 = (planted["increases"][1, occurrences] - planted["increases"][0, occurrences]).mean()
+    assert card.locator("[data-field=ablation]").inner_text().startswith(
+        f"Without a tower (mean ablation, no probe): the joint model needs tower 1 more, by {needs_tower_1:.3f} "
+        "nats; beyond chance: yes (p = "
+    )
     assert card.locator("[data-field=categories]").inner_text() == "kind: continuation"  # 20 is even
     page.mouse.move(0, 0)
     assert not card.is_visible()

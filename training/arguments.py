@@ -38,6 +38,7 @@ PROBE_FEATURE_CACHES = ("memory", "disk", "auto", "none")
 # ttlm/model.py prepare_optimizer_parameters); the reference GPT's and ELMo's (none: they have no such method)
 WEIGHT_DECAY_EXCLUSIONS = ("norms_and_biases", "tower_norms_and_biases", "none")
 PROBE_GRAD_CLIPPINGS = ("joint", "per_probe")
+PROBE_REPLICA_DATA = ("shared", "disjoint")
 RESOLVED_CONFIG_NAME = "training_config.yaml"
 RUN_RECORDS = ("probe_runs",)  # what a run writes about itself into its resolved config: read back, never options
 # the transformers schedules that need nothing but the step counts (the others need a metric or extra arguments)
@@ -214,6 +215,10 @@ class TwoTowerTrainingConfig(DataArguments):
     probe_grad_clipping: str = "joint"  # joint: max_grad_norm bounds the norm of every probe's gradient together
     # (the tiny recipes', whose figures it keeps) | per_probe: each probe's own, so probes trained in one run step as
     # in runs of their own, as the reference trained them (the paper recipes)
+    probe_replica_data: str = "shared"  # shared: every replica reads all the training blocks, each in its own order
+    # | disjoint: the blocks cut into probe_replicas contiguous slices, replica r (of every tower) reading slice r
+    # only, so that replicas share no training text (cross-fitting: a preference two such probes agree on is not
+    # what one slice of text taught them); the slices are equal, a remainder of fewer blocks than replicas unread
     probe_backbone_dropout: bool = False  # cache the training features with the frozen model in train mode
     # (dropout on: one draw per block, from the seed, static like the masks), as the reference's backbone ran in its
     # probe phase; validation features stay dropout-free. Off by default: on the tiny recipe it left the preference
@@ -265,6 +270,7 @@ class TwoTowerTrainingConfig(DataArguments):
             "block_format": BLOCK_FORMATS,
             "weight_decay_exclude": WEIGHT_DECAY_EXCLUSIONS,
             "probe_grad_clipping": PROBE_GRAD_CLIPPINGS,
+            "probe_replica_data": PROBE_REPLICA_DATA,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -314,11 +320,17 @@ class TwoTowerTrainingConfig(DataArguments):
                 "--probe_type linear trains by L-BFGS iterations, one a step over the whole cache: set "
                 "--max_train_steps N (the most iterations, e.g. 500); it stops earlier at --probe_tolerance."
             )
+        if self.phase == "probe" and self.probe_type == "linear" and self.probe_replica_data == "disjoint":
+            raise TwoTowerUserError(
+                "--probe_replica_data disjoint gives each MLP probe replica its own slice of the blocks, and "
+                "--probe_type linear solves every probe over the whole cache: pass --probe_type mlp, or drop "
+                "--probe_replica_data (shared)."
+            )
         if self.phase == "pretrain":
             defaults = {field.name: field.default for field in dataclasses.fields(self)}
             names = ("probe_replicas", "probe_type", "probe_feature_cache", "probe_cache_max_gb",
                      "probe_batch_positions", "probe_l2", "probe_tolerance", "probe_grad_clipping",
-                     "probe_backbone_dropout")
+                     "probe_backbone_dropout", "probe_replica_data")
             changed = [f"--{name} {getattr(self, name)}" for name in names if getattr(self, name) != defaults[name]]
             if changed:
                 raise TwoTowerUserError(

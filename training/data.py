@@ -2,8 +2,8 @@
 
 import codecs
 import glob
-from bisect import bisect_left
-from itertools import chain
+from bisect import bisect_left, bisect_right
+from itertools import accumulate, chain
 from pathlib import Path
 
 import torch
@@ -170,13 +170,17 @@ def tokenize_and_group(
     num_proc: int | None = None,
     overwrite_cache: bool = False,
     block_format: str = "contiguous",
+    document_column: str | None = None,
 ) -> DatasetDict:
     """
     Tokenize every split, concatenate, and cut into blocks of `block_size` (each map batch's stream on its own):
     contiguous (the remainder dropped), or sentence pairs (`sentence_pair_blocks`) padded to block_size, with an
-    attention_mask that is 0 on the padding.
+    attention_mask that is 0 on the padding. With `document_column` (a column of the raw lines, contiguous blocks
+    only), each block keeps it: the value of the line its first token comes from.
     """
     column_names = raw_datasets["train"].column_names
+    if document_column is not None and block_format != "contiguous":
+        raise TwoTowerUserError(f"Blocks keep their document only in the contiguous format, not {block_format!r}.")
     if text_column_name not in column_names:
         raise ValueError(
             f"Column {text_column_name!r} not in the dataset (columns: {column_names}); set `text_column_name`."
@@ -189,12 +193,19 @@ def tokenize_and_group(
         # No [CLS]/[SEP] around every line: the text is one running stream (sentence pairs add their own). Lines
         # longer than the model's positions are expected (blocks are cut below): no warning about them.
         ids = tokenizer(examples[text_column_name], add_special_tokens=False, verbose=False)["input_ids"]
-        return {"input_ids": ids}
+        if document_column is None:
+            return {"input_ids": ids}
+        return {"input_ids": ids, document_column: examples[document_column]}
 
     def group_texts(examples):
         concatenated = list(chain.from_iterable(examples["input_ids"]))
         total_length = (len(concatenated) // block_size) * block_size
-        return {"input_ids": [concatenated[i : i + block_size] for i in range(0, total_length, block_size)]}
+        blocks = {"input_ids": [concatenated[i : i + block_size] for i in range(0, total_length, block_size)]}
+        if document_column is not None:
+            line_ends = list(accumulate(len(ids) for ids in examples["input_ids"]))
+            lines = [bisect_right(line_ends, start) for start in range(0, total_length, block_size)]
+            blocks[document_column] = [examples[document_column][line] for line in lines]
+        return blocks
 
     def group_sentence_pairs(examples):
         concatenated = list(chain.from_iterable(examples["input_ids"]))
@@ -208,7 +219,7 @@ def tokenize_and_group(
         tokenize,
         batched=True,
         num_proc=num_proc,
-        remove_columns=column_names,
+        remove_columns=[name for name in column_names if name != document_column],
         load_from_cache_file=not overwrite_cache,
         desc="Tokenizing",
     )

@@ -24,7 +24,15 @@ from .linear_probes import check_linear_probes_fit, lbfgs_step, make_lbfgs
 from .loading import MODEL_CLASSES, load_two_tower_config
 from .objectives import SeededMaskingCollator, objective_of
 from .optimization import accumulation_windows, make_adamw, train_step
-from .probe_cache import CACHE_DIR, batch_positions, cache_both_splits, process_counts, replica_orders, step_positions
+from .probe_cache import (
+    CACHE_DIR,
+    batch_positions,
+    cache_both_splits,
+    process_counts,
+    replica_orders,
+    step_positions,
+    stream_lengths,
+)
 from .tokenizer import check_tokenizer_fits, padded_vocab_size
 from .validation import evaluate_blocks, evaluate_cached
 
@@ -269,8 +277,9 @@ class ProbePhase(TrainingPhase):
         """
         caches = cache_both_splits(accelerator, model, lm_datasets, collators, objective, self.config)
         positions_per_step = batch_positions(accelerator, caches["train"], self.config)
-        # every process takes the same number of steps; the last of an epoch takes what its share has left
-        steps_per_epoch = math.ceil(min(process_counts(accelerator, len(caches["train"]))) / positions_per_step)
+        # every process takes the same number of steps; the last of an epoch takes what its shortest stream has left
+        streams = stream_lengths(self.replica_orders(0, caches["train"].num_blocks), caches["train"].block_starts)
+        steps_per_epoch = math.ceil(min(process_counts(accelerator, int(streams.min()))) / positions_per_step)
         return {"caches": caches, "positions_per_step": positions_per_step, "steps_per_epoch": steps_per_epoch,
                 "units_per_epoch": steps_per_epoch}
 
@@ -288,10 +297,15 @@ class ProbePhase(TrainingPhase):
     def epoch_windows(self, run, epoch: int, units_to_skip: int):
         """One window a step: each replica's positions of the step, from a FeatureCache or recomputed blocks."""
         features = run.caches["train"]
-        orders = replica_orders(self.config.seed, epoch, self.config.probe_replicas, features.num_blocks)
+        orders = self.replica_orders(epoch, features.num_blocks)
         for step in range(units_to_skip, run.steps_per_epoch):
             positions = step_positions(orders, step, run.steps_per_epoch, run.positions_per_step, features.block_starts)
             yield [features.replica_batch(positions)]
+
+    def replica_orders(self, epoch: int, num_blocks: int) -> torch.LongTensor:
+        """Each replica's order of this process's blocks in `epoch`: all of them, or its own slice (disjoint)."""
+        disjoint = self.config.probe_replica_data == "disjoint"
+        return replica_orders(self.config.seed, epoch, self.config.probe_replicas, num_blocks, disjoint)
 
     def optimizer_step(self, run, window) -> tuple[float, float | None, int]:
         """One AdamW step: (loss, gradient norm, cached positions it trained on over all processes)."""
@@ -344,7 +358,9 @@ class ProbePhase(TrainingPhase):
 
     @property
     def data_order(self) -> str:
-        return (f"replica r read the predicted positions of this process's blocks, the blocks in an order drawn "
+        blocks = ("the r-th of probe_replicas equal contiguous slices of this process's blocks (disjoint)"
+                  if self.config.probe_replica_data == "disjoint" else "this process's blocks")
+        return (f"replica r read the predicted positions of {blocks}, the blocks in an order drawn "
                 f"from (seed {self.config.seed}, epoch, r) every epoch, the same for the probes of every tower")
 
     def clean_up(self, run) -> None:

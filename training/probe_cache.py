@@ -385,14 +385,32 @@ def batch_positions(accelerator, cache, config) -> int:
     return math.ceil(blocks_per_step * positions / blocks)
 
 
-def replica_orders(seed: int, epoch: int, num_replicas: int, num_blocks: int) -> torch.LongTensor:
+def replica_orders(seed: int, epoch: int, num_replicas: int, num_blocks: int, disjoint: bool = False) -> torch.LongTensor:
     """
     Each replica's order of the blocks (of this process's share) in `epoch`, [replicas, blocks]: replica r's is a
     permutation drawn from (seed, epoch, r), so it differs between replicas and epochs and is shared by every tower's
-    replica r.
+    replica r. Disjoint: replica r orders only its slice, the r-th of `num_replicas` equal contiguous runs of the
+    blocks ([replicas, num_blocks // num_replicas]; the last num_blocks % num_replicas blocks are read by none).
     """
-    rows = [np.random.default_rng((seed, epoch, replica)).permutation(num_blocks) for replica in range(num_replicas)]
+    if not disjoint:
+        rows = [np.random.default_rng((seed, epoch, replica)).permutation(num_blocks) for replica in range(num_replicas)]
+        return torch.from_numpy(np.stack(rows))
+    slice_blocks = num_blocks // num_replicas
+    if slice_blocks == 0:
+        raise TwoTowerUserError(
+            f"--probe_replica_data disjoint cuts {num_blocks} training blocks (of this process) into "
+            f"{num_replicas} slices, one a replica; give each at least one: raise --max_train_blocks or use fewer "
+            "--probe_replicas."
+        )
+    rows = [replica * slice_blocks + np.random.default_rng((seed, epoch, replica)).permutation(slice_blocks)
+            for replica in range(num_replicas)]
     return torch.from_numpy(np.stack(rows))
+
+
+def stream_lengths(orders: torch.LongTensor, block_starts: torch.LongTensor) -> torch.LongTensor:
+    """Each replica's positions in an epoch, [replicas]: those of the blocks it orders."""
+    counts = block_starts[1:] - block_starts[:-1]  # [blocks]
+    return counts[orders].sum(dim=1)
 
 
 def _stream_slice(order: torch.LongTensor, block_starts: torch.LongTensor, start: int, end: int) -> torch.LongTensor:
@@ -415,11 +433,13 @@ def step_positions(
     """
     Each replica's rows for `step` of an epoch, [replicas, n]: the next `positions_per_step` of its stream, the
     predicted positions of its blocks in its order of them (`orders` [replicas, blocks], `block_starts` [blocks + 1];
-    without them every position is a block of its own). The epoch's last step takes all that is left. Every replica
-    orders the same blocks, so each has as many positions.
+    without them every position is a block of its own). The epoch's last step takes all that is left of the
+    shortest stream, so that every replica takes as many positions (replicas ordering the same blocks have streams
+    of one length; disjoint slices may differ by a few masked positions).
     """
     if block_starts is None:
-        block_starts = torch.arange(orders.shape[1] + 1)
+        block_starts = torch.arange(int(orders.max()) + 2)
     start = step * positions_per_step
-    end = int(block_starts[-1]) if step == steps_per_epoch - 1 else start + positions_per_step
+    last = step == steps_per_epoch - 1
+    end = int(stream_lengths(orders, block_starts).min()) if last else start + positions_per_step
     return torch.stack([_stream_slice(order, block_starts, start, end) for order in orders])

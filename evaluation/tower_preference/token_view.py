@@ -4,8 +4,8 @@ One self-contained HTML page (inline CSS and JavaScript, the data embedded as JS
 viewed), rendered from the Jinja template token_view.html.j2 beside this file. The colour of a token is the tower its
 type prefers, its strength the size of that preference, and a type whose preference is not significant beyond probe
 noise (the per-type test of the metric) is faded. Hovering a token shows a card: the token, each tower's
-log-probability of it at this position, and the type's preference with its interval. Filters select token categories,
-towers and significance.
+log-probability of it at this position, the type's preference with its interval and, when given, its mean-ablation
+preference (no probe). Filters select token categories, towers and significance.
 
 `python -m twotower.evaluation.score` writes it as a report's tokens.html; the tower_preference Space shows it for a
 model and a text. Both call `render_token_view` with the metric's result dict:
@@ -136,7 +136,27 @@ def _passage_tokens(passage, entries, cards):
     ]
 
 
-def render_token_view(results, tokens, passages, categories=None, title="Tower preference: token view", source=""):
+def ablation_cards(ablation, shown_ids) -> dict[int, dict]:
+    """The hover card's ablation line of each shown type: its preferred tower by mean ablation, by how much, and the
+    occurrence-level test (`ablation`: the result dict of the mean-ablation preference, evaluation/ablation.py)."""
+    index = {token_id: i for i, token_id in enumerate(ablation["token_ids"])}
+    cards = {}
+    for token_id in sorted(shown_ids & set(index)):
+        i = index[token_id]
+        tower = ablation["preferred_tower"][i]
+        p_value = ablation["p_value"][i]
+        cards[token_id] = {
+            "preferred_tower": tower,
+            "preference_nats": round(ablation["preference_nats"][tower][i], DECIMALS),
+            "eligible": ablation["eligible"][i],
+            "significant": ablation["significant"][i],
+            "p_value": None if p_value is None else float(f"{p_value:.3g}"),
+        }
+    return cards
+
+
+def render_token_view(results, tokens, passages, categories=None, title="Tower preference: token view", source="",
+                      ablation=None):
     """The token view page (HTML) of passages of a scored text.
 
     Args:
@@ -146,11 +166,16 @@ def render_token_view(results, tokens, passages, categories=None, title="Tower p
             rows of probes as the metric was given them, NaN at the positions that were not scored.
         categories: {scheme: [label of every type of results["token_ids"]]}, e.g. {"kind": [...]}; one filter each.
         source: what the passages are, in words, for the page's heading (e.g. the first 8 of 40 blocks of a text).
+        ablation: optionally, the result dict of the mean-ablation preference of the same text; the hover card then
+            shows it too.
     """
     categories = categories or {}
     positions = [_passage_positions(passage, results) for passage in passages]
     shown_ids = {int(token_id) for passage in passages for token_id in passage["token_ids"]} & set(results["token_ids"])
     cards = type_cards(results, tokens, categories, shown_ids)
+    if ablation is not None:
+        for token_id, ablation_card in ablation_cards(ablation, shown_ids).items():
+            cards[token_id]["ablation"] = ablation_card
     full_colour = full_colour_nats(results)
     data = {
         "num_towers": results["num_towers"],

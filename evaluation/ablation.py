@@ -1,0 +1,96 @@
+"""
+Mean-ablation preference: which tower the trained joint model needs for a token, with no probe at all.
+
+Each tower's slice of the fused representation (the features `probe_features` returns, which the joint head reads)
+is replaced by its mean over the scored positions of the text, and the joint model's loss at every scored position
+rises by some amount: the tower's ablation increase. A type's ablation preference for tower t is tower t's mean
+increase over the type's occurrences minus the mean of the other towers' (with two towers, tower 0's minus tower
+1's): positive where the joint model loses more without tower t, i.e. takes more of that token from it. It is
+deterministic, takes one extra pass of the towers (for the means) and one of the joint head per tower, and is
+tested per type over its occurrences (PreferenceAccumulator fed the increases in place of log-probabilities; its
+mean_logprob is then meaningless, its preference_nats, p_value and significant are the ablation's).
+"""
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
+
+from .tower_preference.preference_stats import PreferenceAccumulator
+
+
+def joint_nll(model, scored_features: torch.Tensor, scored_targets: torch.LongTensor) -> torch.Tensor:
+    """The joint model's NLL [n] at scored positions, from their features [towers, n, hidden]."""
+    logits = model.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
+    return F.cross_entropy(logits.float(), scored_targets, reduction="none")
+
+
+class MeanAblation:
+    """
+    The ablation increases of every scored position, fed into a PreferenceAccumulator.
+
+    Args:
+        feature_means: [towers, hidden], each tower's mean feature over the scored positions (`tower_feature_means`).
+        vocab_size: token ids are below it.
+    """
+
+    def __init__(self, feature_means: torch.Tensor, vocab_size: int):
+        self.feature_means = feature_means
+        self.accumulator = PreferenceAccumulator(num_towers=feature_means.shape[0], vocab_size=vocab_size)
+        self.increase_sums = np.zeros(feature_means.shape[0])  # [towers] float64, over all scored positions
+
+    def update(self, model, scored_features, scored_targets, joint_nll_per_position) -> None:
+        """One scoring pass: features [towers, n, hidden] of its scored positions, their targets [n] and the
+        joint model's NLL there [n]."""
+        increases = []
+        for tower, mean in enumerate(self.feature_means):
+            ablated = scored_features.clone()
+            ablated[tower] = mean.to(ablated.dtype)
+            increases.append(joint_nll(model, ablated, scored_targets) - joint_nll_per_position)
+        increases = torch.stack(increases).double().cpu().numpy()  # [towers, n]
+        self.increase_sums += increases.sum(axis=1)
+        # The accumulator takes log-probabilities (<= 0) and tests differences between towers at each position, so
+        # the increases enter less their largest at the position: the differences, hence the test, are the increases'.
+        self.accumulator.update(scored_targets.cpu().numpy(), increases - increases.max(axis=0))
+
+    def mean_increase_nats(self) -> list[float]:
+        """Each tower's ablation increase averaged over every scored position: how much the joint model needs it."""
+        return (self.increase_sums / self.accumulator.num_predictions).tolist()
+
+
+@torch.inference_mode()
+def tower_feature_means(model, passes) -> torch.Tensor:
+    """
+    Each tower's mean feature [towers, hidden] (float32) over the scored positions of `passes`, an iterable of
+    (inputs, labels, attention_mask) scoring passes (scoring_engine's).
+    """
+    objective, total, count = objective_of(model.config), None, 0
+    for inputs, labels, attention_mask in passes:
+        scored = prediction_targets(labels, objective) != -100
+        features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
+        features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+        sums = features.double().sum(dim=1)
+        total = sums if total is None else total + sums
+        count += features.shape[1]
+    return (total / count).float()
+
+
+def ablation_summary(ablation, probe_result, mean_increase_nats: list[float]) -> dict:
+    """
+    What preference.json keeps of the ablation preference (a PreferenceResult of the same positions as the probes'
+    `probe_result`): each tower's mean increase, the occurrence-level test's counts, and the correlation of the
+    ablation preference with the probe preference over the eligible types (Pearson's, over towers too).
+    """
+    eligible = probe_result.eligible
+    # each tower's preference centered over the types, then all towers together (two towers: Pearson's r of tower 0's)
+    probe, ablated = (values[:, eligible] - values[:, eligible].mean(axis=1, keepdims=True)
+                      for values in (probe_result.preference_nats, ablation.preference_nats))
+    norm = np.sqrt((probe**2).sum() * (ablated**2).sum())
+    correlation = float((probe * ablated).sum() / norm) if eligible.sum() >= 3 and norm > 0 else None
+    keys = ("num_significant", "significant_share", "split_half_consistency", "num_eligible_types")
+    return {
+        "mean_increase_nats": mean_increase_nats,
+        **{key: ablation.summary[key] for key in keys},
+        "correlation_with_probe_preference": correlation,
+    }

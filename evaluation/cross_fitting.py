@@ -1,0 +1,126 @@
+"""
+Cross-fitted tower preference: do probes that share neither training text nor scored text find the same per-type
+preference?
+
+Two probes of one tower trained on the same blocks and scored on the same text agree partly because of what that
+text taught them, and the per-type preference of a scored text partly reflects its topics. So the scored text is
+split by document (an article, a book) into two halves, alternate documents in each, and the probe replicas into
+two groups, the first and the second half of each tower's replicas (trained on disjoint slices of the training
+text with `--probe_replica_data disjoint`). The cross-fitted correlation compares group A's preference on half 1
+with group B's on half 2 (and B on 1 with A on 2): neither probes nor text in common. Beside it, the two
+correlations that change one of the two, which tell how much each shared part adds.
+
+A type's preference here is each tower's mean log-probability of it over its occurrences in a half, averaged over
+the group's replicas, centered over the eligible types and over the towers (with two towers, half the usual
+difference of tower 0 minus tower 1, less its mean over types); correlations are Pearson's over the eligible types
+(seen at least `min_count` times in each half) and towers.
+"""
+
+import re
+
+import numpy as np
+
+NUM_HALVES = 2
+# WikiText's article headings (" = Title = "; sections have "= =")
+WIKITEXT_ARTICLE_HEADING = r"^ = [^=].* = $"
+
+
+def number_documents(lines: list[str], file_line_counts: list[int], heading_pattern: str | None) -> np.ndarray:
+    """
+    The document of every line, numbered in text order from 0: a new one at the start of each file and at every
+    line (its line break removed) that matches `heading_pattern`.
+    """
+    starts = np.zeros(len(lines), bool)
+    starts[np.cumsum([0, *file_line_counts[:-1]])[np.array(file_line_counts) > 0]] = True
+    if heading_pattern is not None:
+        heading = re.compile(heading_pattern)
+        starts |= np.fromiter((bool(heading.match(line.rstrip("\r\n"))) for line in lines), bool, len(lines))
+    starts[:1] = False  # the first document is 0, whatever starts it
+    return np.cumsum(starts)
+
+
+def replica_groups(replicas_per_tower: int) -> list[list[int]]:
+    """The two replica groups: the first half of a tower's replicas, and the rest."""
+    split = replicas_per_tower // 2
+    return [list(range(split)), list(range(split, replicas_per_tower))]
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
+    norm = np.sqrt((x @ x) * (y @ y))
+    return None if norm == 0 else float(x @ y / norm)
+
+
+class CrossFittedPreference:
+    """
+    Per-type sums of every probe's gold log-probabilities, per half of the scored documents.
+
+    Args:
+        num_towers: towers of the model.
+        replicas_per_tower: probes per tower (>= 2), tower-major in gold_logprobs (probe t * replicas + r).
+        vocab_size: token ids are below it.
+
+    Example:
+        >>> cross_fit = CrossFittedPreference(num_towers=2, replicas_per_tower=2, vocab_size=8)
+        >>> gold = np.log([[.5, .1, .3, .4, .2, .3], [.6, .1, .3, .5, .1, .3],   # tower 0, replicas 0 and 1
+        ...                [.1, .5, .3, .2, .4, .3], [.1, .6, .2, .1, .5, .3]])  # tower 1
+        >>> cross_fit.update([1, 2, 3, 1, 2, 3], gold, documents=[0, 0, 0, 1, 1, 1])  # documents 0 and 1: halves
+        >>> round(cross_fit.compute(min_count=1)["cross_fitted_r"], 3)
+        0.996
+    """
+
+    def __init__(self, num_towers: int, replicas_per_tower: int, vocab_size: int):
+        if replicas_per_tower < 2:
+            raise ValueError(f"cross-fitting needs at least 2 probe replicas per tower; got {replicas_per_tower}.")
+        self.num_towers, self.replicas_per_tower = num_towers, replicas_per_tower
+        self.sum_logprob = np.zeros((NUM_HALVES, num_towers * replicas_per_tower, vocab_size))  # float64
+        self.count = np.zeros((NUM_HALVES, vocab_size), np.int64)
+        self.documents = [set(), set()]  # the documents seen in each half
+
+    def update(self, token_ids, gold_logprobs, documents) -> None:
+        """token_ids [n], gold_logprobs [probes, n], documents [n]: the document of each prediction (its half: the
+        parity of its number, documents counted in text order)."""
+        token_ids, documents = np.asarray(token_ids), np.asarray(documents)
+        gold_logprobs = np.asarray(gold_logprobs, np.float64)
+        vocab_size = self.count.shape[1]
+        for half in range(NUM_HALVES):
+            in_half = documents % NUM_HALVES == half
+            ids = token_ids[in_half]
+            self.count[half] += np.bincount(ids, minlength=vocab_size)
+            for probe, logprobs in enumerate(gold_logprobs[:, in_half]):
+                self.sum_logprob[half, probe] += np.bincount(ids, weights=logprobs, minlength=vocab_size)
+            self.documents[half].update(np.unique(documents[in_half]).tolist())
+
+    def _preference(self, half: int, replicas: list[int], eligible: np.ndarray) -> np.ndarray:
+        """[types, towers]: each tower's mean log-prob over the group's replicas, centered over types and towers."""
+        sums = self.sum_logprob[half].reshape(self.num_towers, self.replicas_per_tower, -1)[:, replicas]
+        means = sums[:, :, eligible].mean(axis=1).T / self.count[half, eligible][:, None]  # [types, towers]
+        means = means - means.mean(axis=0)
+        return means - means.mean(axis=1, keepdims=True)
+
+    def compute(self, min_count: int = 10) -> dict:
+        """The three correlations (None when fewer than 3 types are eligible or a half is empty), and the counts."""
+        eligible = (self.count >= min_count).all(axis=0)
+        summary = {
+            "replica_groups": replica_groups(self.replicas_per_tower),
+            "num_documents": [len(documents) for documents in self.documents],
+            "num_predictions": self.count.sum(axis=1).tolist(),
+            "min_count": min_count,
+            "num_types": int(eligible.sum()),
+            "cross_fitted_r": None,
+            "same_probes_other_text_r": None,
+            "other_probes_same_text_r": None,
+        }
+        if eligible.sum() < 3:
+            return summary
+        group_a, group_b = summary["replica_groups"]
+        a1, a2, b1, b2 = (self._preference(half, group, eligible)
+                          for group in (group_a, group_b) for half in range(NUM_HALVES))
+        summary["cross_fitted_r"] = _mean([_pearson(a1, b2), _pearson(b1, a2)])
+        summary["same_probes_other_text_r"] = _mean([_pearson(a1, a2), _pearson(b1, b2)])
+        summary["other_probes_same_text_r"] = _mean([_pearson(a1, b1), _pearson(a2, b2)])
+        return summary
+
+
+def _mean(values: list) -> float | None:
+    return None if any(value is None for value in values) else float(np.mean(values))

@@ -1,0 +1,195 @@
+"""
+The study's cross-fitted verdicts: per family and text, the cross-fitted correlation of each run (probe replicas on
+disjoint training slices, scored on alternate halves of the text's documents; evaluation/cross_fitting.py) and the
+agreement of the probe-free ablation preference with the probe preference (evaluation/ablation.py), each over the
+seeds with a t interval (the seed is the unit: with 3 seeds these are wide, and say so), for the cooperative towers,
+their independent-towers control and the difference of the two, paired by seed.
+
+The verdict says what was shown. "Emerges from cooperation" needs the control's cross-fitted correlation near 0
+(its interval below NEAR_ZERO_R); otherwise a positive difference reads "cooperative towers differ more
+reproducibly than independent ones". Pearson's r ignores a constant offset, so a tower that is better at every type
+(the masked family's dominant tower) does not enter it; the offsets are reported beside it.
+"""
+
+import json
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
+
+CONFIDENCE = 0.95
+NEAR_ZERO_R = 0.1  # a cross-fitted r whose interval stays below this is "near 0": no reproducible preference
+BOOTSTRAP_RESAMPLES = 2000  # of token types, for the ablation agreement of one run
+BOOTSTRAP_SEED = 0
+CROSS_FIT_KEYS = ("cross_fitted_r", "same_probes_other_text_r", "other_probes_same_text_r")
+
+
+def t_interval(values) -> dict:
+    """Mean and two-sided CONFIDENCE t interval over `values` (seeds); no interval from fewer than 2."""
+    values = np.asarray([value for value in values if value is not None], dtype=float)
+    if values.size == 0:
+        return {"value": None, "ci": None, "n": 0}
+    if values.size == 1:
+        return {"value": float(values[0]), "ci": None, "n": 1}
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
+    return {"value": float(values.mean()), "ci": [float(values.mean() - half), float(values.mean() + half)],
+            "n": int(values.size)}
+
+
+def ablation_agreement(score_folder, rng) -> dict | None:
+    """One run's correlation of the ablation preference with the probe preference over its eligible types, with a
+    bootstrap interval over the types; None for a report without the ablation columns."""
+    table = pd.read_csv(score_folder / f"{PER_TOKEN_CSV}.gz")
+    if "ablation_preference_nats_tower0" not in table:
+        return None
+    eligible = table[table["eligible"]]
+    probe = tower_columns(eligible, "preference_nats")[0]
+    ablation = tower_columns(eligible, "ablation_preference_nats")[0]
+    draws = rng.integers(0, probe.size, (BOOTSTRAP_RESAMPLES, probe.size))
+    resampled = [np.corrcoef(probe[draw], ablation[draw])[0, 1] for draw in draws]
+    low, high = np.quantile(resampled, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return {"r": float(np.corrcoef(probe, ablation)[0, 1]), "ci": [float(low), float(high)],
+            "num_types": int(probe.size)}
+
+
+def run_figures(score_folder, rng) -> dict:
+    """What the cross-fitted verdict reads of one run's report on one text."""
+    report = json.loads((score_folder / PREFERENCE_JSON).read_text())
+    cross_fit = report.get("cross_fit") or {}
+    return {
+        **{key: cross_fit.get(key) for key in CROSS_FIT_KEYS},
+        "cross_fit_types": cross_fit.get("num_types"),
+        "probe_replica_data": cross_fit.get("probe_replica_data"),
+        "global_offset_nats": report["summary"]["global_offset_nats"][0],
+        "ablation": ablation_agreement(score_folder, rng),
+        "ablation_mean_increase_nats": (report.get("ablation") or {}).get("mean_increase_nats"),
+    }
+
+
+def arm_figures(runs: dict[int, dict]) -> dict:
+    """One arm (cooperative or control) over its seeds: each figure's mean and t interval, and the per-seed values."""
+    seeds = sorted(runs)
+    ablation = [runs[seed]["ablation"] for seed in seeds]
+    return {
+        "seeds": seeds,
+        **{key: t_interval([runs[seed][key] for seed in seeds]) | {"per_seed": [runs[seed][key] for seed in seeds]}
+           for key in CROSS_FIT_KEYS},
+        "global_offset_nats": [runs[seed]["global_offset_nats"] for seed in seeds],
+        "ablation_r": t_interval([None if a is None else a["r"] for a in ablation])
+        | {"per_seed": ablation},
+    }
+
+
+def paired_difference(cooperative: dict[int, dict], control: dict[int, dict], key: str) -> dict:
+    """The cooperative minus the control figure, seed by seed (the seeds both arms have), with its t interval."""
+    seeds = sorted(set(cooperative) & set(control))
+    differences = [cooperative[s][key] - control[s][key] for s in seeds
+                   if cooperative[s][key] is not None and control[s][key] is not None]
+    return t_interval(differences) | {"seeds": seeds}
+
+
+def cross_fit_conclusion(verdict: dict) -> str:
+    """The words the intervals allow (see the module docstring)."""
+    cooperative, control, difference = verdict["cooperative"], verdict["control"], verdict["difference"]
+    ci = cooperative["cross_fitted_r"]["ci"]
+    if ci is None:
+        return "too few seeds for an interval"
+    if ci[0] <= 0:
+        return "no reproducible preference"
+    if control is None:
+        return "reproducible preference (no control)"
+    if difference["ci"] is None:
+        return "too few paired seeds for an interval"
+    low, high = difference["ci"]
+    control_ci = control["cross_fitted_r"]["ci"]
+    if low > 0:
+        if control_ci is not None and control_ci[1] < NEAR_ZERO_R:
+            return "emerges from cooperation"
+        return "cooperative towers differ more reproducibly than independent ones"
+    if high < 0:
+        return "independent towers differ more reproducibly than cooperative ones"
+    return "no difference shown between cooperative and independent towers"
+
+
+def cross_fit_verdicts(summaries, runs_dir, text, study) -> dict:
+    """Per cooperative family with cross-fitted runs on `text` (probe replicas on disjoint slices): both arms'
+    figures, the difference, the words."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    figures = {}
+    for summary in summaries:
+        run = summary["run"]
+        folder = runs_dir / run["name"] / "scores" / text
+        if text in summary["scores"] and (folder / PREFERENCE_JSON).is_file():
+            figures_of_run = run_figures(folder, rng)
+            if figures_of_run["probe_replica_data"] == "disjoint":  # replicas that shared training text: not cross-fitted
+                figures.setdefault(run["family"], {})[run["seed"]] = figures_of_run
+    verdicts = {}
+    for name, family in study.families.items():
+        runs = figures.get(name)
+        if family.control_of is not None or not runs or all(r["cross_fitted_r"] is None for r in runs.values()):
+            continue
+        control_name = next((other for other, spec in study.families.items() if spec.control_of == name), None)
+        control_runs = figures.get(control_name) if control_name else None
+        verdict = {
+            "control_family": control_name if control_runs else None,
+            "cooperative": arm_figures(runs),
+            "control": arm_figures(control_runs) if control_runs else None,
+            "difference": paired_difference(runs, control_runs, "cross_fitted_r") if control_runs else None,
+            "ablation_difference": paired_difference(
+                {s: {"r": None if r["ablation"] is None else r["ablation"]["r"]} for s, r in runs.items()},
+                {s: {"r": None if r["ablation"] is None else r["ablation"]["r"]} for s, r in control_runs.items()},
+                "r",
+            ) if control_runs else None,
+        }
+        verdict["conclusion"] = cross_fit_conclusion(verdict)
+        verdicts[name] = verdict
+    return verdicts
+
+
+def _with_ci(figure: dict | None, digits: int = 2) -> str:
+    if figure is None or figure["value"] is None:
+        return "n/a"
+    if figure["ci"] is None:
+        return f"{figure['value']:.{digits}f} (1 seed)"
+    return f"{figure['value']:.{digits}f} [{figure['ci'][0]:.{digits}f}, {figure['ci'][1]:.{digits}f}]"
+
+
+def cross_fit_summary_lines(verdicts: dict) -> list[str]:
+    """One Markdown line per family: the cross-fitted verdict with its figures."""
+    lines = []
+    for family, verdict in verdicts.items():
+        cooperative, control = verdict["cooperative"], verdict["control"]
+        seeds = len(cooperative["seeds"])
+        line = (f"- **{family}** ({seeds} seed{'s' if seeds != 1 else ''}): *{verdict['conclusion']}*; cross-fitted "
+                f"r {_with_ci(cooperative['cross_fitted_r'])}")
+        if control is not None:
+            line += (f" vs {_with_ci(control['cross_fitted_r'])} for independent towers (difference "
+                     f"{_with_ci(verdict['difference'])})")
+        line += f"; ablation against probe preference r {_with_ci(cooperative['ablation_r'])}"
+        if control is not None:
+            line += f" (control {_with_ci(control['ablation_r'])})"
+        lines.append(line + ".")
+    return lines
+
+
+def cross_fit_table(verdicts: dict) -> pd.DataFrame:
+    """One row per family and arm: the three correlations, the ablation agreement and the offsets, per seed too."""
+    rows = []
+    for family, verdict in verdicts.items():
+        arms = [(family, verdict["cooperative"])]
+        if verdict["control"] is not None:
+            arms.append((verdict["control_family"], verdict["control"]))
+        for name, arm in arms:
+            rows.append({
+                "family": name,
+                "seeds": len(arm["seeds"]),
+                "cross-fitted r": _with_ci(arm["cross_fitted_r"]),
+                "per seed": ", ".join(f"{value:.2f}" for value in arm["cross_fitted_r"]["per_seed"] if value is not None),
+                "same probes, other half": _with_ci(arm["same_probes_other_text_r"]),
+                "other probes, same half": _with_ci(arm["other_probes_same_text_r"]),
+                "ablation vs probe r": _with_ci(arm["ablation_r"]),
+                "offset tower 0 (nats)": ", ".join(f"{value:+.2f}" for value in arm["global_offset_nats"]),
+            })
+    return pd.DataFrame(rows)
