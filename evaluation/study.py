@@ -129,6 +129,7 @@ class StudyConfig:
     # first grid cell), whose validation loss the run's length must come within 2% of
     probe: dict = field(default_factory=dict)  # training options over every probe recipe; must set probe_replicas
     scoring: dict = field(default_factory=dict)  # ScoringArguments fields (batch_size, min_count, alpha, ...)
+    long_run: bool = False  # the document follows each family along its trajectory, point by point (long.yaml)
 
     def __post_init__(self):
         for name, text in self.eval_texts.items():
@@ -291,6 +292,8 @@ def text_figures(report: dict, seconds: float | None) -> dict:
         "perplexity": report["perplexity"],  # joint, probes (per tower), probe_replicas (per replica per tower)
         "num_blocks": report["data"]["num_blocks"],
         "num_predictions": report["data"]["num_predictions"],
+        "cross_fit": report.get("cross_fit"),  # evaluation/cross_fitting.py, with probe replicas and documents
+        "ablation": report.get("ablation"),  # evaluation/ablation.py
         "seconds": seconds,
     }
 

@@ -34,6 +34,7 @@ from twotower.training.atomic import write_text_atomically
 from .cross_fitting import replica_groups
 from .report import eligible_preferences, load_report, save_figure, template_environment, tower_columns
 from .study_cross_fit import NEAR_ZERO_R, cross_fit_summary_lines, cross_fit_table, cross_fit_verdicts
+from .study_long_run import long_run_rows, long_run_table
 from .study_verdicts import (
     CONVERGENCE_TOLERANCE, MASKED_MARGIN_NATS, NULL_PERMUTATIONS, convergence_check, difference_or_none,
     family_verdict, load_run_types, matched_quality, trajectory_rows,
@@ -504,6 +505,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     total_minutes, longest_run_minutes = compute_minutes(summaries)
     preferred = top_types(runs_dir, summaries, primary)
     cross_fit = cross_fit_verdicts(summaries, runs_dir, primary, study)
+    long_run = long_run_rows(summaries, primary, study) if study.long_run else []
     document = render_template(
         STUDY_TEMPLATE,
         command=command,
@@ -518,6 +520,8 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         cross_fit_table=markdown_table(cross_fit_table(cross_fit)) if cross_fit else None,
         cross_fit_groups=replica_groups(study.probe["probe_replicas"]),
         near_zero_r=NEAR_ZERO_R,
+        long_run=long_run,
+        long_run_table=markdown_table(long_run_table(long_run)) if long_run else None,
         verdicts_table=markdown_table(verdict_rows(verdicts)),
         other_texts={text: markdown_table(verdict_rows(by_family)) for text, by_family in verdicts_by_text.items()
                      if text != primary and by_family},
@@ -538,6 +542,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         "command": command,
         "verdicts": _without_bootstrap_values(verdicts),
         "cross_fit_verdicts": cross_fit,
+        "long_run": long_run,
         "verdicts_by_text": {text: _without_bootstrap_values(by_text) for text, by_text in verdicts_by_text.items()},
         "convergence": [{key: value for key, value in check.items() if key not in ("history", "long_history")}
                         for check in checks],

@@ -95,6 +95,12 @@ class TwoTowerConfig(PretrainedConfig):
     `embedding_size=hidden_size` with the bert layout keeps the embedding norm and the per-tower projection; it
     spends about the FLOPs of one GPT-2 of width h and `num_towers * num_hidden_layers` layers.
 
+    `separate_embeddings=True` (bert layout) cuts the token and position embeddings into `num_towers` equal slices
+    of `embedding_size // num_towers` columns, each tower reading its own slice through its own LayerNorm and
+    projection: the towers share no input parameter (the embedding keeps its size, each projection reads a slice).
+    With `cooperative=False` the towers then share nothing at all (the fully independent control); the cooperative
+    model's tied decoder still reads every slice.
+
     Example:
 
     ```python
@@ -126,6 +132,7 @@ class TwoTowerConfig(PretrainedConfig):
         lstm_hidden_size: int | None = None,  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
+        separate_embeddings: bool = False,  # bert layout: each tower reads its own slice of the embedding (see above)
         sparse_prediction: bool = False,  # masked LM given labels: head and loss on the labelled positions only
         probe_replicas: int = 1,  # probes per tower, each with its own initial weights (replica-level statistics)
         probe_type: str = "mlp",  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
@@ -156,6 +163,7 @@ class TwoTowerConfig(PretrainedConfig):
         self.lstm_hidden_size = lstm_hidden_size
         self.bidirectional = bidirectional
         self.cooperative = cooperative
+        self.separate_embeddings = separate_embeddings
         self.sparse_prediction = sparse_prediction
         self.probe_replicas = probe_replicas
         self.probe_type = probe_type
@@ -291,6 +299,12 @@ class TwoTowerConfig(PretrainedConfig):
             raise ValueError(
                 f"`embedding_size` must be a positive integer (or None for {default_embedding_size[0]} = "
                 f"{default_embedding_size[1]}), got {self.embedding_size!r}."
+            )
+        if self.separate_embeddings and (self.layout != "bert" or self.embedding_size % self.num_towers):
+            raise ValueError(
+                f"`separate_embeddings` gives each tower an equal slice of the bert layout's embedding; layout="
+                f"{self.layout!r} with embedding_size={self.embedding_size} and num_towers={self.num_towers} has "
+                "none: use layout='bert' and an embedding_size divisible by num_towers."
             )
         if self.layout == "gpt" and self.embedding_size != self.hidden_size:
             raise ValueError(

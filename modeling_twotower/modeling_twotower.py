@@ -136,7 +136,11 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             tower_stack = "TwoTowerELMoTowers"
         else:
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
-            if config.layout == "bert":  # gpt: no embedding norm, no projection
+            if config.layout == "bert" and config.separate_embeddings:  # each tower its own slice, norm, projection
+                slice_size = config.embedding_size // config.num_towers
+                self.embed_norm = TwoTowerBatchedLayerNorm(config.num_towers, slice_size, config.layer_norm_eps)
+                self.tower_proj = TwoTowerBatchedLinear(config.num_towers, slice_size, config.hidden_size)
+            elif config.layout == "bert":  # gpt: no embedding norm, no projection
                 self.embed_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
                 self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
             if config.tower_type == "lstm":
@@ -177,6 +181,9 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             # GPT-2's embedding goes to every tower as it is; each tower (a GPT2Model in the reference) draws its
             # own dropout mask
             return embeddings, self.dropout(embeddings.expand(per_tower))
+        if self.config.separate_embeddings:  # tower t reads columns [t * e, (t + 1) * e) only
+            slices = self.dropout(self.embed_norm(split_towers(embeddings, self.config.num_towers)))
+            return concat_towers(slices), self.tower_proj(slices)
         embeddings = self.dropout(self.embed_norm(embeddings))
         return embeddings, self.tower_proj(embeddings.expand(per_tower))
 

@@ -568,3 +568,40 @@ def test_resize_token_embeddings_resizes_everything_sized_by_the_vocabulary(layo
     new_probe_logits = model.probes.logits(model.probe_features(input_ids))
     torch.testing.assert_close(new_probe_logits[..., :VOCAB], probe_logits)
     model(torch.tensor([[127, 100]]))  # new ids are now in range
+
+
+@pytest.mark.parametrize("cooperative", [True, False])
+def test_separate_embeddings_give_each_tower_its_own_slice(cooperative, tmp_path):
+    torch.manual_seed(0)
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=16, cooperative=cooperative,
+                                        separate_embeddings=True)  # fmt: skip
+    model = TwoTowerForCausalLM(config).eval()
+    ids = torch.randint(0, 50, (2, 10))
+
+    def towers_before_fusion():  # [towers, batch, seq, hidden]: the cooperative fusion norm mixes the towers
+        return model.model(ids, output_tower_hidden_states=True).tower_hidden_states
+
+    towers = towers_before_fusion()
+    width = config.embedding_size // 2  # tower 0 reads columns [0, 64), tower 1 [64, 128)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, :width] += torch.randn(50, width)
+        model.model.embed_positions.weight[:, :width] += torch.randn(16, width)
+    changed = towers_before_fusion()
+    assert torch.equal(changed[1], towers[1]) and not torch.allclose(changed[0], towers[0], atol=1e-3)
+
+    if not cooperative:  # the control: tower 1's loss trains nothing of tower 0's, not even the embedding
+        model.train()
+        tower_logprobs = model.lm_head.tower_logprobs(model.probe_features(ids))
+        (-tower_logprobs[1].gather(-1, ids.unsqueeze(-1)).mean()).backward()
+        assert model.model.embed_tokens.weight.grad[:, :width].abs().max() == 0
+        assert model.model.embed_tokens.weight.grad[:, width:].abs().max() > 0
+
+    model.save_pretrained(tmp_path)
+    reloaded = TwoTowerForCausalLM.from_pretrained(tmp_path).eval()
+    assert reloaded.config.separate_embeddings
+    torch.testing.assert_close(reloaded.probe_features(ids), model.eval().probe_features(ids))
+
+
+def test_separate_embeddings_need_the_bert_layout():
+    with pytest.raises(ValueError, match="separate_embeddings.*layout='gpt'"):
+        TwoTowerConfig.from_preset("gpt-base", separate_embeddings=True)

@@ -504,7 +504,7 @@ def test_bad_study_options(micro_study, tmp_path):
         run_study(micro_study["recipe"], tmp_path / "missing", tmp_path / "out")
 
 
-@pytest.mark.parametrize("recipe", ["cpu", "gpu"])
+@pytest.mark.parametrize("recipe", ["cpu", "gpu", "crossfit", "long"])
 def test_shipped_study_recipes_load_with_valid_training_options(recipe):
     study = load_study_config(recipe)
     assert study.probe["probe_replicas"] >= 4

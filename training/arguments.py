@@ -163,6 +163,8 @@ class TwoTowerTrainingConfig(DataArguments):
     embedding_size: int | None = None  # shared embedding and tied decoder; None = the layout's (bert: num_towers *
     # hidden_size; gpt: hidden_size); hidden_size in the bert layout: about the FLOPs of a GPT-2 as deep as all towers
     cooperative: bool | None = None  # False: the independent-towers control (one LM head and loss per tower)
+    separate_embeddings: bool | None = None  # bert layout: each tower its own slice of the embedding (with
+    # cooperative false, towers that share no parameter at all)
     sparse_prediction: bool | None = None  # masked objective: the LM head runs on the masked positions only (the
     # same loss; ~1.5x faster steps for the tiny preset's 4096-token vocabulary)
     max_position_embeddings: int | None = None  # positions; must be >= block_size
@@ -366,7 +368,8 @@ class TwoTowerTrainingConfig(DataArguments):
     def model_overrides(self) -> dict:
         """The model fields set in this config, to apply over `model_preset`."""
         names = ("layout", "num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
-        names += ("intermediate_size", "lstm_hidden_size", "embedding_size", "cooperative", "max_position_embeddings")
+        names += ("intermediate_size", "lstm_hidden_size", "embedding_size", "cooperative", "separate_embeddings",
+                  "max_position_embeddings")
         names += ("hidden_dropout", "attention_dropout", "initialization", "sparse_prediction")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
