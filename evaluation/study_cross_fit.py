@@ -17,6 +17,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from modeling_twotower.configuration_twotower import PRESETS
+from twotower.training.arguments import load_config
+
 from .report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
 
 CONFIDENCE = 0.95
@@ -113,9 +116,9 @@ def cross_fit_conclusion(verdict: dict) -> str:
     return "no difference shown between cooperative and independent towers"
 
 
-def cross_fit_verdicts(summaries, runs_dir, text, study) -> dict:
-    """Per cooperative family with cross-fitted runs on `text` (probe replicas on disjoint slices): both arms'
-    figures, the difference, the words."""
+def cross_fit_figures(summaries, runs_dir, text) -> dict[str, dict[int, dict]]:
+    """Per family and seed, the cross-fitted figures of its run on `text` (probe replicas on disjoint slices only:
+    replicas that shared their training text are not cross-fitted)."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     figures = {}
     for summary in summaries:
@@ -123,29 +126,85 @@ def cross_fit_verdicts(summaries, runs_dir, text, study) -> dict:
         folder = runs_dir / run["name"] / "scores" / text
         if text in summary["scores"] and (folder / PREFERENCE_JSON).is_file():
             figures_of_run = run_figures(folder, rng)
-            if figures_of_run["probe_replica_data"] == "disjoint":  # replicas that shared training text: not cross-fitted
+            if figures_of_run["probe_replica_data"] == "disjoint":
                 figures.setdefault(run["family"], {})[run["seed"]] = figures_of_run
+    return figures
+
+
+def _ablation_r(runs: dict[int, dict]) -> dict[int, dict]:
+    return {seed: {"r": None if run["ablation"] is None else run["ablation"]["r"]} for seed, run in runs.items()}
+
+
+def compare_arms(runs: dict[int, dict], control_runs: dict[int, dict] | None) -> dict:
+    """Both arms' figures, the cross-fitted difference and the ablation agreement's, paired by seed."""
+    return {
+        "cooperative": arm_figures(runs),
+        "control": arm_figures(control_runs) if control_runs else None,
+        "difference": paired_difference(runs, control_runs, "cross_fitted_r") if control_runs else None,
+        "ablation_difference": paired_difference(_ablation_r(runs), _ablation_r(control_runs), "r")
+        if control_runs else None,
+    }
+
+
+def controls_of(study, family: str) -> list[str]:
+    """The family's independent-towers controls, in the recipe's order (the first is its verdict's)."""
+    return [name for name, spec in study.families.items() if spec.control_of == family]
+
+
+def cross_fit_verdicts(summaries, runs_dir, text, study) -> dict:
+    """Per cooperative family with cross-fitted runs on `text`: both arms' figures against its first control, the
+    difference, the words."""
+    figures = cross_fit_figures(summaries, runs_dir, text)
     verdicts = {}
     for name, family in study.families.items():
         runs = figures.get(name)
         if family.control_of is not None or not runs or all(r["cross_fitted_r"] is None for r in runs.values()):
             continue
-        control_name = next((other for other, spec in study.families.items() if spec.control_of == name), None)
-        control_runs = figures.get(control_name) if control_name else None
-        verdict = {
-            "control_family": control_name if control_runs else None,
-            "cooperative": arm_figures(runs),
-            "control": arm_figures(control_runs) if control_runs else None,
-            "difference": paired_difference(runs, control_runs, "cross_fitted_r") if control_runs else None,
-            "ablation_difference": paired_difference(
-                {s: {"r": None if r["ablation"] is None else r["ablation"]["r"]} for s, r in runs.items()},
-                {s: {"r": None if r["ablation"] is None else r["ablation"]["r"]} for s, r in control_runs.items()},
-                "r",
-            ) if control_runs else None,
-        }
+        control_name = next(iter(controls_of(study, name)), None)
+        control_runs = figures.get(control_name)
+        verdict = {"control_family": control_name if control_runs else None, **compare_arms(runs, control_runs)}
         verdict["conclusion"] = cross_fit_conclusion(verdict)
         verdicts[name] = verdict
     return verdicts
+
+
+def size_grid_rows(summaries, runs_dir, text, study) -> list[dict]:
+    """Every cooperative family against each of its controls: the cross-fitted r of both arms and their gap, paired
+    by seed, with the family's width and length (the size grid)."""
+    figures = cross_fit_figures(summaries, runs_dir, text)
+    rows = []
+    for name, family in study.families.items():
+        if family.control_of is not None or name not in figures:
+            continue
+        for control in controls_of(study, name):
+            if control not in figures:
+                continue
+            comparison = compare_arms(figures[name], figures[control])
+            rows.append({"family": name, "control": control, **family_size(study, name),
+                         "separate_embeddings": bool(study.families[control].overrides.get("separate_embeddings")),
+                         **comparison})
+    return rows
+
+
+def family_size(study, family: str) -> dict:
+    """The tower width and pretraining steps of a family's runs (its overrides over the study's and its recipe's)."""
+    spec = study.families[family]
+    config = load_config(spec.pretrain_recipe)
+    options = {**study.pretrain, **spec.overrides}
+    width = options.get("hidden_size") or config.hidden_size or PRESETS[config.model_preset]["hidden_size"]
+    return {"hidden_size": width, "max_train_steps": options.get("max_train_steps", config.max_train_steps)}
+
+
+def size_grid_table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "width": row["hidden_size"], "steps": row["max_train_steps"], "family": row["family"],
+        "control": row["control"] + (" (separate embeddings)" if row["separate_embeddings"] else ""),
+        "seeds": ", ".join(str(seed) for seed in row["difference"]["seeds"]),
+        "cooperative r": _with_ci(row["cooperative"]["cross_fitted_r"]),
+        "control r": _with_ci(row["control"]["cross_fitted_r"]),
+        "gap": _with_ci(row["difference"]),
+        "ablation agreement gap": _with_ci(row["ablation_difference"]),
+    } for row in rows])
 
 
 def _with_ci(figure: dict | None, digits: int = 2) -> str:

@@ -1,13 +1,17 @@
 """
-The results document of a tower preference study: the verdicts with their 95% intervals (study_verdicts), per-run
-tables of the replica-level figures against the same-tower noise floor, the training trajectory and the comparison
-at matched probe quality, the convergence check, token categories and each tower's most reliably preferred types,
-plots. This module gathers the figures, tables and plots; the text is the Jinja template templates/study.md.j2.
+The results document of a tower preference study: the verdicts with their 95% intervals (study_verdicts), the
+cross-fitted verdicts and the size grid (study_cross_fit), the long-run check (study_long_run), per-run tables of
+the replica-level figures against the same-tower noise floor, the training trajectory and the comparison at matched
+probe quality, the convergence check, token categories (study_categories) and each tower's most reliably preferred
+types, plots (study_plots). This module gathers the figures and tables; the text is the Jinja template
+templates/study.md.j2.
 
 Layout of the report folder:
     STUDY.md                the document (commands, machine, verdicts, tables, plots)
     study.json              every number of the document; `verdicts.FAMILY` holds each family's verdict on the
-                            first evaluation text, `verdicts_by_text.TEXT.FAMILY` the same on every text
+                            first evaluation text, `verdicts_by_text.TEXT.FAMILY` the same on every text,
+                            `cross_fit_verdicts.FAMILY` the cross-fitted one, `size_grid` every family against each
+                            of its controls, `long_run` each family point by point (long.yaml)
     noise_floor.png         per run and text: two-tower difference vs the same-tower floor, replica-level vs
                             occurrence-level significance, reliability with its 95% interval
     trajectory.png          per family: reliability against pretraining validation loss and probe perplexity, both
@@ -27,24 +31,30 @@ from datetime import date
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib import pyplot as plt
 
 from twotower.training.atomic import write_text_atomically
 
 from .cross_fitting import replica_groups
-from .report import eligible_preferences, load_report, save_figure, template_environment, tower_columns
-from .study_cross_fit import NEAR_ZERO_R, cross_fit_summary_lines, cross_fit_table, cross_fit_verdicts
+from .report import load_report, template_environment, tower_columns
+from .study_categories import category_recurrence, category_rows, category_table, recurrence_table
+from .study_cross_fit import (
+    NEAR_ZERO_R,
+    cross_fit_summary_lines,
+    cross_fit_table,
+    cross_fit_verdicts,
+    size_grid_rows,
+    size_grid_table,
+)
 from .study_long_run import long_run_rows, long_run_table
+from .study_plots import plot_convergence, plot_noise_floor, plot_trajectory
 from .study_verdicts import (
     CONVERGENCE_TOLERANCE, MASKED_MARGIN_NATS, NULL_PERMUTATIONS, convergence_check, difference_or_none,
     family_verdict, load_run_types, matched_quality, trajectory_rows,
 )
-from .token_categories import categorize, category_preferences, plot_category_preferences
-from .tower_preference.comparisons import compare_preferences
+from .token_categories import plot_category_preferences
 
 
 TOP_TYPES = 20
-RECURRENCE_GROUPINGS = ("kind", "frequency", "case")  # the groupings whose recurrence the document tabulates
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
 STUDY_TEMPLATE = "study.md.j2"
@@ -126,59 +136,6 @@ def compute_minutes(summaries):
     return (sum(minutes), max(minutes)) if minutes else (None, None)
 
 
-def category_rows(summaries, runs_dir, text):
-    """Per family (its first tower count): token categories of each seed, towers aligned to the first seed's."""
-    by_family = {}
-    for summary in summaries:
-        run = summary["run"]
-        if text in summary["scores"]:
-            by_family.setdefault((run["family"], run["num_towers"]), []).append(run["name"])
-    results = {}
-    for (family, num_towers), names in by_family.items():
-        _, reference = load_report(score_dir(runs_dir, names[0], text))
-        per_seed = {}
-        for name in names:
-            _, table = load_report(score_dir(runs_dir, name, text))
-            (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (reference, table))
-            mapping = compare_preferences(ids_a, preference_a, ids_b, preference_b)["tower_mapping"]
-            labels = categorize(table)
-            per_seed[name] = {
-                column: category_preferences(table, values).assign(tower_of_reference_0=mapping[0])
-                for column, values in labels.items()
-            }
-        results[(family, num_towers)] = per_seed
-    return results
-
-
-def plot_noise_floor(frame, path):
-    """Per run and text: two towers against the same-tower floor, the two tests, and the reliability."""
-    figure, axes = plt.subplots(1, 3, figsize=(14, 0.4 * len(frame) + 1.5), sharey=True)
-    positions = np.arange(len(frame))
-    panels = (
-        ("two_tower_difference_nats", "two towers", "same_tower_floor_nats", "same tower (floor)"),
-        ("significant_share", "replica-level test", "occurrence_significant_share", "occurrence-level test"),
-    )
-    titles = ("mean |difference| between probes (nats)", "share of eligible token types significant")
-    for axis, (key, label, other_key, other_label), title in zip(axes, panels, titles):
-        axis.barh(positions - 0.2, frame[key].fillna(0), height=0.4, label=label)
-        axis.barh(positions + 0.2, frame[other_key].fillna(0), height=0.4, label=other_label)
-        axis.set_title(title, fontsize=10)
-        axis.legend(fontsize=8, loc="lower right")
-    low, high = frame[["reliability_ci_low", "reliability_ci_high"]].to_numpy(dtype=float).T
-    axes[2].hlines(positions, low, high, color="C0", label="95% interval")
-    axes[2].scatter(frame["reliability"].to_numpy(dtype=float), positions, color="C0", label="reliability")
-    axes[2].scatter(
-        frame["reliability_single_probe"].to_numpy(dtype=float), positions, color="C1", marker="x", label="one probe"
-    )
-    axes[2].axvline(0, color="gray", linewidth=0.8)
-    axes[2].set_title("reliability", fontsize=10)
-    axes[2].legend(fontsize=8, loc="best")
-    axes[0].set_yticks(positions, [f"{row.run} / {row.text}" for row in frame.itertuples()], fontsize=8)
-    axes[0].invert_yaxis()
-    figure.tight_layout()
-    save_figure(figure, path)
-
-
 def markdown_table(frame):
     """A DataFrame of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
     return frame.to_markdown(index=False, disable_numparse=True)
@@ -220,27 +177,6 @@ def runs_table(frame):
     )
 
 
-def _category_share(frame, category):
-    """One seed's share of a category's types preferring the reference tower 0; `*` when the split differs."""
-    match = frame[frame["category"] == category]
-    if match.empty:
-        return "n/a"
-    tower = int(match["tower_of_reference_0"].iloc[0])
-    share = match[f"num_preferring_tower{tower}"].iloc[0] / match["num_types"].iloc[0]
-    return f"{share:.2f}{'*' if match['q_value'].iloc[0] < 0.05 else ''}"
-
-
-def category_table(per_seed):
-    """Per category of the first seed: its number of types and every seed's share preferring tower 0."""
-    seeds = list(per_seed)
-    rows = [
-        [grouping, category, int(num_types), *(_category_share(per_seed[seed][grouping], category) for seed in seeds)]
-        for grouping, frame in per_seed[seeds[0]].items()
-        for category, num_types in zip(frame["category"], frame["num_types"])
-    ]
-    return pd.DataFrame(rows, columns=["grouping", "category", "types", *seeds])
-
-
 def category_sections(by_family, report_dir, text):
     """Per family: the category plot of the first seed (written here) and the table of every seed's shares."""
     families = []
@@ -252,59 +188,6 @@ def category_sections(by_family, report_dir, text):
                          "table": markdown_table(category_table(per_seed))})
     has_part_of_speech = any("pos" in per_run for per_seed in by_family.values() for per_run in per_seed.values())
     return {"text": text, "has_part_of_speech": has_part_of_speech, "families": families}
-
-
-def _category_side(frame, category):
-    """
-    (q-value of the category's split, its side: does a larger share of its types prefer the reference's tower 0 than
-    of all the grouping's types?) in one seed. The side is the test's direction, not the sign of the mean
-    preference: centering on occurrences makes the frequent types' mean preference about 0 whichever way they split.
-    """
-    match = frame[frame["category"] == category]
-    if match.empty:
-        return None
-    preferring = f"num_preferring_tower{int(match['tower_of_reference_0'].iloc[0])}"
-    share = match[preferring].iloc[0] / match["num_types"].iloc[0]
-    overall_share = frame[preferring].sum() / frame["num_types"].sum()
-    return float(match["q_value"].iloc[0]), bool(share > overall_share)
-
-
-def category_recurrence(by_family, groupings=RECURRENCE_GROUPINGS):
-    """
-    Per category of `groupings`: in each family, the seeds whose towers split it differently from the overall split
-    (q < 0.05) and whether those seeds lean to the same (matched) tower; recurs across seeds when at least two
-    seeds do and agree, across families when it recurs in every family.
-    """
-    rows = {}
-    for (family, _), per_seed in by_family.items():
-        for grouping in groupings:
-            frames = [per_run[grouping] for per_run in per_seed.values() if grouping in per_run]
-            categories = {category for frame in frames for category in frame["category"]}
-            for category in categories:
-                sides = [_category_side(per_run[grouping], category) for per_run in per_seed.values()]
-                significant = [side for q, side in filter(None, sides) if q < 0.05]
-                row = rows.setdefault((grouping, category), {"grouping": grouping, "category": category})
-                row[family] = {"significant_seeds": len(significant), "seeds": len(sides),
-                               "same_side": len(set(significant)) <= 1,
-                               "recurs": len(significant) >= 2 and len(set(significant)) == 1}
-    families = [family for family, _ in by_family]
-    for row in rows.values():
-        row["recurs_in_every_family"] = all(row.get(family, {}).get("recurs", False) for family in families)
-    return sorted(rows.values(), key=lambda row: (row["grouping"], str(row["category"])))
-
-
-def recurrence_table(recurrence, families):
-    def cell(entry):
-        if entry is None:
-            return "n/a"
-        mark = " (recurs)" if entry["recurs"] else "" if entry["same_side"] else " (sides differ)"
-        return f"{entry['significant_seeds']}/{entry['seeds']}{mark}"
-
-    return pd.DataFrame(
-        [[row["grouping"], row["category"], *(cell(row.get(family)) for family in families),
-          "yes" if row["recurs_in_every_family"] else "no"] for row in recurrence],
-        columns=["grouping", "category", *families, "in every family"],
-    )
 
 
 def top_types(runs_dir, summaries, text, count=TOP_TYPES):
@@ -323,42 +206,6 @@ def top_types(runs_dir, summaries, text, count=TOP_TYPES):
             for tower in range(tower_columns(table, "preference_nats").shape[0])
         ]}
     return result
-
-
-def plot_trajectory(trajectory, study, path):
-    """Per cooperative family: reliability against validation loss, both arms, every seed (a line per run)."""
-    frame = pd.DataFrame(trajectory)
-    families = [name for name, family in study.families.items()
-                if family.control_of is None and name in set(frame["family"])]
-    figure, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
-    for axis, family in zip(axes[0], families):
-        arms = [family] + [name for name, other in study.families.items() if other.control_of == family]
-        for color, arm in enumerate(arms):
-            for index, (_, run) in enumerate(frame[frame["family"] == arm].groupby("run")):
-                run = run.sort_values("step")
-                axis.plot(run["validation_loss"], run["reliability"], marker="o", color=f"C{color}",
-                          label=arm if index == 0 else None)
-        axis.set_title(family, fontsize=10)
-        axis.set_xlabel("pretraining validation loss (nats)")
-        axis.invert_xaxis()
-        axis.legend(fontsize=8)
-    axes[0][0].set_ylabel("reliability of the preference")
-    figure.tight_layout()
-    save_figure(figure, path)
-
-
-def plot_convergence(checks, path):
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for color, check in enumerate(checks):
-        for history, style, label in ((check["history"], "-", "run"), (check["long_history"], ":", "2x as long")):
-            axis.plot([entry["step"] for entry in history], [entry["loss"] for entry in history], style,
-                      color=f"C{color}", label=f"{check['family']} ({label})")
-    axis.set_xlabel("pretraining step")
-    axis.set_ylabel("validation loss (nats)")
-    axis.set_xscale("log")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    save_figure(figure, path)
 
 
 def machine_description():
@@ -506,6 +353,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     preferred = top_types(runs_dir, summaries, primary)
     cross_fit = cross_fit_verdicts(summaries, runs_dir, primary, study)
     long_run = long_run_rows(summaries, primary, study) if study.long_run else []
+    size_grid = size_grid_rows(summaries, runs_dir, primary, study)
     document = render_template(
         STUDY_TEMPLATE,
         command=command,
@@ -521,6 +369,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         cross_fit_groups=replica_groups(study.probe["probe_replicas"]),
         near_zero_r=NEAR_ZERO_R,
         long_run=long_run,
+        size_grid_table=markdown_table(size_grid_table(size_grid)) if len(size_grid) > 1 else None,
         long_run_table=markdown_table(long_run_table(long_run)) if long_run else None,
         verdicts_table=markdown_table(verdict_rows(verdicts)),
         other_texts={text: markdown_table(verdict_rows(by_family)) for text, by_family in verdicts_by_text.items()
@@ -543,6 +392,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         "verdicts": _without_bootstrap_values(verdicts),
         "cross_fit_verdicts": cross_fit,
         "long_run": long_run,
+        "size_grid": size_grid,
         "verdicts_by_text": {text: _without_bootstrap_values(by_text) for text, by_text in verdicts_by_text.items()},
         "convergence": [{key: value for key, value in check.items() if key not in ("history", "long_history")}
                         for check in checks],

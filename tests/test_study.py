@@ -19,7 +19,8 @@ from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
 from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
 from twotower.evaluation.study_cross_fit import cross_fit_conclusion
-from twotower.evaluation.study_report import category_recurrence, compute_minutes, run_rows
+from twotower.evaluation.study_categories import category_recurrence
+from twotower.evaluation.study_report import compute_minutes, run_rows
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import load_config
