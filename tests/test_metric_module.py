@@ -8,14 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")  # before evaluate reads its config
 
 import evaluate  # noqa: E402
 
-from modeling_twotower import TwoTowerConfig  # noqa: E402
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM  # noqa: E402
 from twotower.evaluation import compute_preference  # noqa: E402
+from twotower.evaluation.ablation import MeanAblation, joint_nll  # noqa: E402
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -228,3 +230,29 @@ def test_folder_is_an_evaluate_space():
     # evaluate's launch_gradio_widget builds gr.inputs.Dataframe, which gradio removed in 4.0: the app builds its own
     app = (METRIC_DIR / "app.py").read_text()
     assert "launch_gradio_widget" not in app and "gr.Interface(" in app
+
+
+def test_the_metric_takes_ablation_increases_for_the_ablation_preference(tower_preference):
+    # the mean-ablation preference through the metric: each tower's loss increase in place of a log-probability,
+    # less the largest at each prediction (<= 0), as evaluation/ablation.py feeds its accumulator
+    torch.manual_seed(0)
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=30, hidden_size=16, num_attention_heads=2,
+                                        intermediate_size=37, max_position_embeddings=16)  # fmt: skip
+    model = TwoTowerForCausalLM(config).eval()
+    features, targets = torch.randn(2, 300, 16), torch.randint(0, 30, (300,))
+    ablation = MeanAblation(features.mean(dim=1), vocab_size=30)
+    with torch.no_grad():
+        nll = joint_nll(model, features, targets)
+        ablation.update(model, features, targets, nll)
+        increases = []
+        for tower in (0, 1):
+            ablated = features.clone()
+            ablated[tower] = features[tower].mean(dim=0)
+            logits = model.lm_head.joint_logits(ablated.unsqueeze(1))[0]
+            increases.append(torch.nn.functional.cross_entropy(logits, targets, reduction="none") - nll)
+    increases = torch.stack(increases).double().numpy()  # [towers, n]
+    shifted = (increases - increases.max(axis=0)).T.tolist()  # [n, towers], as the metric takes them
+    results = tower_preference.compute(token_ids=targets.tolist(), gold_logprobs=shifted, min_count=5)
+    expected = ablation.accumulator.compute(min_count=5).to_dict()
+    np.testing.assert_allclose(results["preference_nats"], expected["preference_nats"], rtol=1e-5, atol=1e-6)
+    assert results["significant"] == expected["significant"]
