@@ -1,9 +1,14 @@
 """The study's token categories: per family, each seed's share of every category's types preferring a tower (towers
-aligned to the first seed's), and whether a category leans to the same matched tower across seeds."""
+aligned to the first seed's), and whether a category leans to the same matched tower across seeds. A tower that is
+better at most types (a dominant tower: the masked family's offsets reach 0.75 nats) would make every category lean
+to it, so categories are compared after each tower's median preference over the eligible types is removed, every
+type counted once (the scoring's centering removes the offset over occurrences, which the frequent types dominate).
+"""
 
+import numpy as np
 import pandas as pd
 
-from .report import eligible_preferences, load_report
+from .report import eligible_preferences, load_report, tower_columns
 from .token_categories import categorize, category_preferences
 from .tower_preference.comparisons import compare_preferences
 
@@ -26,8 +31,9 @@ def category_rows(summaries, runs_dir, text):
             (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (reference, table))
             mapping = compare_preferences(ids_a, preference_a, ids_b, preference_b)["tower_mapping"]
             labels = categorize(table)
+            recentered = without_type_offset(table)
             per_seed[name] = {
-                column: category_preferences(table, values).assign(tower_of_reference_0=mapping[0])
+                column: category_preferences(recentered, values, weighted=False).assign(tower_of_reference_0=mapping[0])
                 for column, values in labels.items()
             }
         results[(family, num_towers)] = per_seed
@@ -106,3 +112,13 @@ def recurrence_table(recurrence, families):
           "yes" if row["recurs_in_every_family"] else "no"] for row in recurrence],
         columns=["grouping", "category", *families, "in every family"],
     )
+
+
+def without_type_offset(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-token table with each tower's preference less its median over the eligible types, and each type's
+    preferred tower taken again from the result."""
+    preference = tower_columns(table, "preference_nats")  # [towers, types]
+    offset = np.median(preference[:, table["eligible"].to_numpy(dtype=bool)], axis=1, keepdims=True)
+    recentered = preference - offset
+    columns = {f"preference_nats_tower{tower}": values for tower, values in enumerate(recentered)}
+    return table.assign(**columns, preferred_tower=recentered.argmax(axis=0))

@@ -86,12 +86,13 @@ def _split_p_value(preferring, overall_share):
     return stats.chisquare(preferring[observed], num_types * overall_share[observed]).pvalue
 
 
-def category_preferences(table, categories) -> pd.DataFrame:
-    """One row per category of the eligible types: counts, preferred towers, weighted preferences and a test.
+def category_preferences(table, categories, weighted=True) -> pd.DataFrame:
+    """One row per category of the eligible types: counts, preferred towers, mean preferences and a test.
 
     Columns: category, num_types, num_occurrences (sum of count), then per tower t num_preferring_tower{t} (types
     whose preferred_tower is t), num_significant_tower{t} (of those, the significant ones) and
-    mean_preference_tower{t} (mean of preference_nats_tower{t} weighted by count); last p_value and q_value.
+    mean_preference_tower{t} (mean of preference_nats_tower{t}, weighted by count unless `weighted` is False);
+    last p_value and q_value.
 
     p_value tests whether the category's split of preferred towers differs from the split over all eligible types,
     taking the overall shares as fixed: with two towers, a two-sided exact binomial test of the number of types
@@ -122,8 +123,8 @@ def category_preferences(table, categories) -> pd.DataFrame:
             prefers = members & (preferred == tower_idx)
             row[f"num_preferring_tower{tower_idx}"] = int(preferring[tower_idx])
             row[f"num_significant_tower{tower_idx}"] = int((prefers & significant).sum())
-            weighted_mean = np.average(preference[tower_idx, members], weights=count[members])
-            row[f"mean_preference_tower{tower_idx}"] = float(weighted_mean)
+            weights = count[members] if weighted else None
+            row[f"mean_preference_tower{tower_idx}"] = float(np.average(preference[tower_idx, members], weights=weights))
         row["p_value"] = float(_split_p_value(preferring, overall_share))
         rows.append(row)
     frame = pd.DataFrame(rows, columns=_frame_columns(num_towers))
