@@ -203,6 +203,27 @@ def planted_model_dir(tmp_path_factory):
     return folder, model, tokenizer, {"the": the, "comma": comma}
 
 
+def mean_ablation_increases(model, ids, block_size=64):
+    """[towers, n] for the text's next-token positions, blocks of 64: each tower's features replaced by their mean over
+    the text, the joint model's loss rise, computed from the model's fused hidden states and LM head."""
+    fused, targets = [], []
+    with torch.no_grad():
+        for start in range(0, len(ids), block_size):
+            block = torch.tensor([ids[start : start + block_size]])
+            fused.append(model.model(block).last_hidden_state[0, :-1])
+            targets.append(block[0, 1:])
+        fused, targets = torch.cat(fused), torch.cat(targets)  # [n, towers * hidden], [n]
+        hidden = fused.shape[1] // 2
+        joint = torch.nn.functional.cross_entropy(model.lm_head(fused[None])[0][0], targets, reduction="none")
+        increases = []
+        for tower in (0, 1):
+            ablated = fused.clone()
+            ablated[:, tower * hidden : (tower + 1) * hidden] = fused[:, tower * hidden : (tower + 1) * hidden].mean(0)
+            logits = model.lm_head(ablated[None])[0][0]
+            increases.append(torch.nn.functional.cross_entropy(logits, targets, reduction="none") - joint)
+    return torch.stack(increases).numpy()
+
+
 @pytest.fixture(scope="module")
 def space_url():
     """The Space's app (app.py, as the Space runs it) served on 127.0.0.1."""
@@ -255,6 +276,13 @@ def test_the_space_scores_a_model_and_a_text_and_shows_the_token_view(planted_mo
         spans.first.hover()
         assert view.locator("#card [data-field=preference]").inner_text().startswith(
             f"The type, seen {int(occurrences.sum())} times: prefers tower {tower} by {preference:.3f} nats"
+        )
+        # and the type's mean-ablation preference: the joint model's loss rise without each tower, over its occurrences
+        increases = mean_ablation_increases(model, ids)[:, occurrences.numpy()]
+        needed = int(increases.mean(axis=1).argmax())
+        by = abs((increases[0] - increases[1]).mean())
+        assert view.locator("#card [data-field=ablation]").inner_text().startswith(
+            f"Without a tower (mean ablation, no probe): the joint model needs tower {needed} more, by {by:.3f} nats"
         )
     # the metric's numbers beside the view: the same computation as the metric module's
     results = compute_preference(

@@ -78,6 +78,36 @@ def text_passages(model, tokenizer, text):
     return passages
 
 
+@torch.inference_mode()
+def ablation_increases(model, passages) -> np.ndarray:
+    """
+    [towers, n]: at every scored position of the passages, the joint model's loss rise when a tower's features are
+    replaced by their mean over the text's scored positions (the mean-ablation preference; the scoring command's is
+    twotower.evaluation.ablation, of which this is the Space's copy for short texts).
+    """
+    features, targets = [], []
+    for passage in passages:
+        block = torch.tensor([passage["token_ids"]])
+        block_features = model.probe_features(block)[:, 0]  # [towers, seq, hidden]
+        if not isinstance(model, modeling_twotower.TwoTowerForMaskedLM):  # position t predicts token t + 1
+            block_features, block = block_features[:, :-1], block[:, 1:]
+        features.append(block_features)
+        targets.append(block[0])
+    features, targets = torch.cat(features, dim=1), torch.cat(targets)  # [towers, n, hidden], [n]
+
+    def nll(tower_features):
+        logits = model.joint_logits(tower_features.unsqueeze(1))[0]  # [n, vocab]
+        return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+
+    joint = nll(features)
+    increases = []
+    for tower in range(features.shape[0]):
+        ablated = features.clone()
+        ablated[tower] = features[tower].double().mean(dim=0).to(features.dtype)
+        increases.append(nll(ablated) - joint)
+    return torch.stack(increases).double().numpy()
+
+
 def type_categories(tokens, tokenizer):
     """The kind and letter case of every type (twotower's token categories), none for other tokenizers."""
     try:
@@ -112,9 +142,15 @@ def score_text(model_name_or_path, text, min_count):
         )  # fmt: skip
     except ValueError as error:
         raise gr.Error(str(error)) from error
+    # the ablation preference through the same metric: each tower's loss rise in place of its log-probability, less
+    # the largest at each position (the differences between towers, hence the test, unchanged)
+    increases = ablation_increases(model, passages)
+    ablation = module.compute(token_ids=token_ids.tolist(), gold_logprobs=(increases - increases.max(axis=0)).T.tolist(),
+                              min_count=int(min_count))  # fmt: skip
     tokens = tokenizer.convert_ids_to_tokens(results["token_ids"])
     source = f"{model_name_or_path.strip()} on the given text."
-    page = render_token_view(results, tokens, passages, type_categories(tokens, tokenizer), source=source)
+    page = render_token_view(results, tokens, passages, type_categories(tokens, tokenizer), source=source,
+                             ablation=ablation)
     frame = (
         f'<iframe title="token view" srcdoc="{html.escape(page, quote=True)}" '
         f'style="width: 100%; height: {VIEW_HEIGHT_PX}px; border: 0"></iframe>'
