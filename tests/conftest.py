@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+
 # Tests never touch the network: the Hub is unreachable on CI machines.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -14,6 +16,21 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # such as the 2-process torchrun runs inherit it) is many times faster on a 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+# The suite's tiny-model factory. Odd sizes by default, so that a mis-reshaped tensor fails loudly (transformers'
+# model testers do the same); tests import it (`from conftest import tiny_two_tower`) and override what they need.
+TINY_SIZES = dict(
+    vocab_size=99, hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+    max_position_embeddings=32,
+)  # fmt: skip
+
+
+def tiny_two_tower(model_class=TwoTowerForCausalLM, seed=0, **config):
+    """A tiny two-tower model in eval mode, its weights drawn from `seed`; `config` overrides TINY_SIZES or sets any
+    other TwoTowerConfig field."""
+    torch.manual_seed(seed)
+    return model_class(TwoTowerConfig(**{**TINY_SIZES, **config})).eval()
+
 
 SHARED_DATA = Path(os.environ.get("TWOTOWER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from conftest import tiny_two_tower
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.evaluation.ablation import ablation_summary
 from twotower.evaluation.scoring_engine import score_blocks
 
@@ -15,12 +16,7 @@ HIDDEN = 16  # one tower's width
 
 
 def tiny_model(cls=TwoTowerForCausalLM, seed=0, **overrides):
-    torch.manual_seed(seed)
-    config = TwoTowerConfig.from_preset(
-        "tiny", vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=2, intermediate_size=37,
-        num_hidden_layers=2, max_position_embeddings=32, **overrides,
-    )  # fmt: skip
-    return cls(config).eval()
+    return tiny_two_tower(cls, seed, vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=2, **overrides)
 
 
 def successor_sequences(num_sequences, generator):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from conftest import tiny_two_tower
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.evaluation.scoring_engine import ScoredPassages, score_blocks, scoring_passes
 
 VOCAB, SEQ, BATCH, NUM_BATCHES = 99, 13, 5, 3
@@ -26,12 +27,7 @@ class RecordingAccumulator:
 
 
 def tiny_model(objective, seed=0):
-    torch.manual_seed(seed)
-    config = TwoTowerConfig.from_preset(
-        "tiny", vocab_size=VOCAB, hidden_size=16, num_attention_heads=2, intermediate_size=37, num_hidden_layers=2,
-        max_position_embeddings=32,
-    )  # fmt: skip
-    return MODEL_CLASSES[objective](config).eval()
+    return tiny_two_tower(MODEL_CLASSES[objective], seed, vocab_size=VOCAB, hidden_size=16, num_attention_heads=2)
 
 
 def batches():

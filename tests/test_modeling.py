@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, pipeline
 
 import modeling_twotower
+from conftest import TINY_SIZES, tiny_two_tower
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
 
 # Odd sizes, so that a mis-reshaped tensor fails loudly (transformers' causal_lm_tester does the same).
@@ -33,8 +34,7 @@ def tiny_config(**kwargs):
 
 
 def tiny_model(seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return TwoTowerForCausalLM(tiny_config(**kwargs)).eval()
+    return tiny_two_tower(seed=seed, **{**TINY_SIZES, "vocab_size": VOCAB, "hidden_size": HIDDEN, **kwargs})
 
 
 def random_ids(batch=BATCH, seq=SEQ, seed=1, vocab=VOCAB):
