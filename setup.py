@@ -31,7 +31,13 @@ setup(
     python_requires=">=3.10",
     # The folders keep the layout of the design (modeling_twotower/, training/, evaluation/); training and
     # evaluation install under the `twotower` namespace so that they never shadow other packages' modules.
-    packages=["modeling_twotower", "twotower.training", "twotower.evaluation", "twotower.evaluation.tower_preference"],
+    packages=[
+        "modeling_twotower",
+        "twotower.training",
+        "twotower.training.utils",
+        "twotower.evaluation",
+        "twotower.evaluation.tower_preference",
+    ],
     package_dir={"twotower.training": "training", "twotower.evaluation": "evaluation"},
     package_data={
         "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],

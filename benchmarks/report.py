@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from twotower.training.atomic import write_text_atomically
+from twotower.training.utils.atomic import write_text_atomically
 
 from .baselines import MODEL_NAMES, TWO_TOWER
 from .measure import is_under_load

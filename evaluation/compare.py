@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from twotower.training.atomic import write_text_atomically
-from twotower.training.cli import run
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.cli import run
+from twotower.training.utils.errors import TwoTowerUserError
 
 from .report import eligible_preferences, load_report, plot_preference_comparison
 from .tower_preference.comparisons import compare_preferences

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from twotower.training.atomic import write_text_atomically
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.errors import TwoTowerUserError
 
 TASK_NAME = "wikitext2_local"
 HOOKS_FILE = Path(__file__).resolve().parent / "lm_eval_task" / "utils.py"
@@ -82,6 +82,6 @@ def main():
 
 
 if __name__ == "__main__":
-    from twotower.training.cli import run
+    from twotower.training.utils.cli import run
 
     run(lambda argv: main())  # main reads sys.argv, which run leaves without --debug

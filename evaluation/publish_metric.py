@@ -19,9 +19,9 @@ import shutil
 from pathlib import Path
 
 import modeling_twotower
-from twotower.training.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
-from twotower.training.cli import run
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
+from twotower.training.utils.cli import run
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import push_to_hub
 from twotower.training.publish import describe_folder
 

@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
-from twotower.training.atomic import disk_full_error, is_disk_full  # noqa: E402
-from twotower.training.atomic import write_atomically, write_text_atomically  # noqa: E402
+from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa: E402
+from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
 
 
 PREFERENCE_JSON = "preference.json"

@@ -42,7 +42,7 @@ from twotower.training.arguments import (
     check_types,
     parse_command_line,
 )
-from twotower.training.cli import run
+from twotower.training.utils.cli import run
 from twotower.training.data import (
     BLOCK_FORMATS,
     collate_blocks,
@@ -51,7 +51,7 @@ from twotower.training.data import (
     split_blocks,
     tokenize_and_group,
 )
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.loading import load_two_tower, read_training_config
 from twotower.training.objectives import needs_masking, objective_of
 from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer

@@ -47,11 +47,11 @@ from pathlib import Path
 import yaml
 from safetensors.torch import load_file
 
-from twotower.training import cli
+from twotower.training.utils import cli
 from twotower.training.arguments import load_config, read_recipe, resolve_recipe_path
-from twotower.training.atomic import write_text_atomically
+from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
 from twotower.training.objectives import objective_of
 from twotower.training.run_folder import continuation_options, read_eval_history

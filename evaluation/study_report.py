@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from twotower.training.atomic import write_text_atomically
+from twotower.training.utils.atomic import write_text_atomically
 
 from .cross_fitting import replica_groups
 from .report import load_report, template_environment, tower_columns

@@ -56,7 +56,7 @@ def main():
         raise SystemExit("launch_forced_plugin: no FSDP or DeepSpeed plugin was launched (use an FSDP or DeepSpeed "
                          "accelerate config, without accelerate launch's --cpu)")
     AcceleratorState.__init__ = _state_with_the_launched_plugin
-    from twotower.training.cli import run
+    from twotower.training.utils.cli import run
     from twotower.training.train import main as train_main
 
     run(train_main)

@@ -9,7 +9,7 @@ import yaml
 from twotower.evaluation.score import ScoringArguments
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, resolve_text_files
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 
 # option, bad value, what the message says: each was accepted before, and failed (or did the wrong thing) later
 BAD_TRAINING_OPTIONS = {

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from twotower.training import cli
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils import cli
+from twotower.training.utils.errors import TwoTowerUserError
 
 # runpy runs a module already imported by the suite again, as `python -m` would run it: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")

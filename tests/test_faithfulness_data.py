@@ -26,7 +26,7 @@ from twotower.training.data import (
     sentence_pair_tokens,
     tokenize_and_group,
 )
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.probe_cache import build_feature_cache
 from twotower.training.tokenizer import load_tokenizer, padded_vocab_size

@@ -14,8 +14,8 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from twotower.training import hub
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.atomic import write_text_atomically
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.publish import portable
 from twotower.training.tokenizer import LOADING_FLAGS, load_tokenizer
 from twotower.training.train import training_function

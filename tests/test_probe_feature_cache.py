@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, tokenize_and_group
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators
 from twotower.training.probe_cache import cache_both_splits, plan_feature_cache
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer

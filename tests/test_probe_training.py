@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, tokenize_and_group
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.probe_cache import FeatureCache, build_feature_cache, replica_orders, step_positions
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer

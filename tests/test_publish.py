@@ -31,7 +31,7 @@ from twotower.evaluation.publish_metric import main as publish_metric_main
 from twotower.evaluation.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.publish import main as publish_main
 from twotower.training.publish import portable, stage_model_repo
 from twotower.training.train import training_function

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from twotower.training.arguments import RECIPES_DIR, TwoTowerTrainingConfig, load_config, read_recipe
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 
 # dataclasses.asdict(load_config(name)) of every recipe, pinned when the recipes were written out in full
 PINNED = json.loads((Path(__file__).parent / "fixtures" / "recipes_resolved.json").read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from test_training import corpus, tiny_config  # noqa: F401 (corpus is a fixture)
 from twotower.training.checkpointing import list_checkpoints, read_progress
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.manifest import MANIFEST_NAME, write_manifest
 from twotower.training.train import training_function
 

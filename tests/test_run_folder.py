@@ -19,12 +19,12 @@ from transformers import AutoModelForCausalLM
 
 import modeling_twotower
 from test_training import corpus, tiny_config  # noqa: F401 (corpus is a fixture)
-from twotower.training import folder_lock, run_folder
+from twotower.training import run_folder
 from twotower.training.arguments import load_config
-from twotower.training.atomic import write_atomically, write_text_atomically
+from twotower.training.utils.atomic import write_atomically, write_text_atomically
 from twotower.training.checkpointing import list_checkpoints
-from twotower.training.errors import TwoTowerUserError
-from twotower.training.folder_lock import output_dir_lock
+from twotower.training.utils.errors import TwoTowerUserError
+from twotower.training.run_folder import output_dir_lock
 from twotower.training.phases import make_phase
 from twotower.training.run_folder import EVAL_HISTORY, read_eval_history, readable_bytes, run_disk_bytes
 from twotower.training.train import training_function
@@ -61,7 +61,7 @@ def bitwise_equal(first: dict, second: dict) -> bool:
 
 HOLD_LOCK = """
 import sys
-from twotower.training.folder_lock import output_dir_lock
+from twotower.training.run_folder import output_dir_lock
 with output_dir_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()
@@ -93,7 +93,7 @@ def test_a_second_run_on_a_locked_folder_fails_at_once_naming_the_holder(corpus,
 LOCK_ON_TWO_PROCESSES = """
 import sys
 from accelerate import Accelerator
-from twotower.training.folder_lock import locked_output_dir
+from twotower.training.run_folder import locked_output_dir
 with locked_output_dir(Accelerator(cpu=True), sys.argv[1]):
     print("locked", flush=True)
 """
@@ -160,7 +160,7 @@ def test_an_output_dir_that_cannot_be_written_fails_before_any_work(corpus, tmp_
     def refused(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(folder_lock.tempfile, "TemporaryFile", refused)
+    monkeypatch.setattr(run_folder.tempfile, "TemporaryFile", refused)
     with pytest.raises(TwoTowerUserError, match=r"cannot be written \(Permission denied\): choose a folder"):
         training_function(small_config(corpus, tmp_path / "read-only"))
 

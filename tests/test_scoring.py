@@ -18,8 +18,8 @@ from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation import PreferenceAccumulator, compute_preference
 from twotower.evaluation import compare, report, score
 from twotower.evaluation.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
-from twotower.training.cli import run
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.cli import run
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
 

@@ -29,7 +29,7 @@ from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
 from twotower.training.early_stopping import EarlyStopping
-from twotower.training.errors import TwoTowerUserError
+from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.optimization import weight_decay_groups
 from twotower.training.phases import make_phase
 from twotower.training.probe_cache import build_feature_cache

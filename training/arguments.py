@@ -25,9 +25,9 @@ from modeling_twotower.configuration_twotower import (
     TwoTowerConfig,
 )
 
-from .atomic import write_text_atomically
+from .utils.atomic import write_text_atomically
 from .data import BLOCK_FORMATS
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 from .objectives import OBJECTIVES
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"

@@ -25,7 +25,7 @@ import yaml
 from accelerate.utils import RNG_STATE_NAME
 
 from .arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig, save_config
-from .atomic import (
+from .utils.atomic import (
     RUN_AGAIN,
     apply_umask_to_folder,
     disk_full_error,
@@ -35,8 +35,8 @@ from .atomic import (
     readable_bytes,
     replace_folder,
 )
-from .collective import raise_together
-from .errors import TwoTowerUserError
+from .utils.collective import raise_together
+from .utils.errors import TwoTowerUserError
 from .manifest import MANIFEST_NAME, files_fingerprint, manifest_problem, write_manifest
 
 logger = logging.getLogger(__name__)

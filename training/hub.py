@@ -10,7 +10,7 @@ import sys
 from huggingface_hub import HfApi, get_token, is_offline_mode
 from huggingface_hub.errors import HfHubHTTPError
 
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 
 TOKENS_PAGE = "https://huggingface.co/settings/tokens"
 

@@ -6,7 +6,7 @@ seen by Accelerate (the distributed types a phase can train under are the phase'
 import os
 
 from .arguments import TwoTowerTrainingConfig
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 
 LAUNCH_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"  # what `accelerate launch` sets from its config or flag
 

@@ -10,7 +10,7 @@ from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerF
 from modeling_twotower.checkpoint_checks import check_weights_fit_config
 
 from .arguments import RESOLVED_CONFIG_NAME
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 from .model_folder import check_weight_files
 from .objectives import objective_of
 

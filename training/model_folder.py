@@ -7,7 +7,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 
 from .arguments import RESOLVED_CONFIG_NAME
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused: loading them runs code
 

@@ -7,7 +7,7 @@ from accelerate.utils import DistributedType
 from torch import nn
 
 from .arguments import TwoTowerTrainingConfig
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 from .objectives import prediction_targets
 
 

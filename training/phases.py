@@ -19,7 +19,7 @@ from modeling_twotower import TwoTowerConfig
 
 from .arguments import TwoTowerTrainingConfig
 from .data import make_dataloaders
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 from .linear_probes import check_linear_probes_fit, lbfgs_step, make_lbfgs
 from .loading import MODEL_CLASSES, load_two_tower_config
 from .objectives import SeededMaskingCollator, objective_of

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import collate_blocks
-from .errors import TwoTowerUserError
+from .utils.errors import TwoTowerUserError
 from .objectives import predicting_positions, prediction_targets, target_shift
 
 CACHE_DIR = "probe_feature_cache"  # under output_dir, with --probe_feature_cache disk; removed when the run ends

@@ -29,9 +29,9 @@ import yaml
 from modeling_twotower import TwoTowerForCausalLM
 
 from .arguments import RESOLVED_CONFIG_NAME
-from .atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
-from .cli import run
-from .errors import TwoTowerUserError
+from .utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
+from .utils.cli import run
+from .utils.errors import TwoTowerUserError
 from .hub import push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
 from .model_folder import find_pretrain_config, read_json, read_yaml, short_path

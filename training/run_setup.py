@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .arguments import TwoTowerTrainingConfig
 from .checkpointing import load_checkpoint, read_progress
-from .collective import on_main_process
+from .utils.collective import on_main_process
 from .data import load_raw_datasets, split_blocks, tokenize_and_group
 from .objectives import make_collators
 from .phases import TrainingPhase

@@ -45,13 +45,12 @@ from tqdm.auto import tqdm
 
 from .arguments import TwoTowerTrainingConfig, load_config
 from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
-from .collective import end_processes, on_main_process
+from .utils.collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping
-from .folder_lock import locked_output_dir
 from .hub import check_hub_token, push_to_hub
 from .launch_checks import check_launch, resolve_mixed_precision
 from .phases import make_phase, trained_state_dict
-from .run_folder import EVAL_HISTORY, RUNS_DIR, start_or_resume
+from .run_folder import EVAL_HISTORY, RUNS_DIR, locked_output_dir, start_or_resume
 from .run_setup import TrainingRun, prepare_run
 from .throughput import throughput_metrics
 from .tokenizer import check_named_tokenizer
@@ -307,6 +306,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    from .cli import run
+    from .utils.cli import run
 
     run(main)
