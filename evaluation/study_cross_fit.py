@@ -160,10 +160,16 @@ def cross_fit_verdicts(summaries, runs_dir, text, study) -> dict:
         runs = figures.get(name)
         if family.control_of is not None or not runs or all(r["cross_fitted_r"] is None for r in runs.values()):
             continue
-        control_name = next(iter(controls_of(study, name)), None)
+        control_name, *other_controls = controls_of(study, name) or [None]
         control_runs = figures.get(control_name)
         verdict = {"control_family": control_name if control_runs else None, **compare_arms(runs, control_runs)}
         verdict["conclusion"] = cross_fit_conclusion(verdict)
+        # further controls (e.g. towers that share no embedding either): each compared the same way
+        verdict["other_controls"] = {}
+        for other in other_controls:
+            if other in figures:
+                comparison = compare_arms(runs, figures[other])
+                verdict["other_controls"][other] = comparison | {"conclusion": cross_fit_conclusion(comparison)}
         verdicts[name] = verdict
     return verdicts
 
@@ -180,7 +186,7 @@ def size_grid_rows(summaries, runs_dir, text, study) -> list[dict]:
             if control not in figures:
                 continue
             comparison = compare_arms(figures[name], figures[control])
-            rows.append({"family": name, "control": control, **family_size(study, name),
+            rows.append({"family": name, "control_family": control, **family_size(study, name),
                          "separate_embeddings": bool(study.families[control].overrides.get("separate_embeddings")),
                          **comparison})
     return rows
@@ -198,7 +204,7 @@ def family_size(study, family: str) -> dict:
 def size_grid_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "width": row["hidden_size"], "steps": row["max_train_steps"], "family": row["family"],
-        "control": row["control"] + (" (separate embeddings)" if row["separate_embeddings"] else ""),
+        "control": row["control_family"] + (" (separate embeddings)" if row["separate_embeddings"] else ""),
         "seeds": ", ".join(str(seed) for seed in row["difference"]["seeds"]),
         "cooperative r": _with_ci(row["cooperative"]["cross_fitted_r"]),
         "control r": _with_ci(row["control"]["cross_fitted_r"]),
@@ -226,6 +232,9 @@ def cross_fit_summary_lines(verdicts: dict) -> list[str]:
         if control is not None:
             line += (f" vs {_with_ci(control['cross_fitted_r'])} for independent towers (difference "
                      f"{_with_ci(verdict['difference'])})")
+        for other, comparison in verdict.get("other_controls", {}).items():
+            line += (f"; against `{other}`: *{comparison['conclusion']}*, r {_with_ci(comparison['control']['cross_fitted_r'])}"
+                     f" (difference {_with_ci(comparison['difference'])})")
         line += f"; ablation against probe preference r {_with_ci(cooperative['ablation_r'])}"
         if control is not None:
             line += f" (control {_with_ci(control['ablation_r'])})"
@@ -240,6 +249,7 @@ def cross_fit_table(verdicts: dict) -> pd.DataFrame:
         arms = [(family, verdict["cooperative"])]
         if verdict["control"] is not None:
             arms.append((verdict["control_family"], verdict["control"]))
+        arms += [(other, comparison["control"]) for other, comparison in verdict.get("other_controls", {}).items()]
         for name, arm in arms:
             rows.append({
                 "family": name,
