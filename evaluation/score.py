@@ -391,13 +391,7 @@ def score_model(model_dir, output_dir, **options):
         "perplexity": {"joint": perplexity(scores.joint_mean_nll)}
         | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),
     }
-    ablation = None
-    if scores.ablation is not None:
-        ablation = scores.ablation.accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
-        report["ablation"] = ablation_summary(ablation, result, scores.ablation.mean_increase_nats())
-    if cross_fit is not None:
-        replica_data = (read_training_config(args.model_dir) or {}).get("probe_replica_data", "shared")
-        report["cross_fit"] = cross_fit.compute(args.min_count) | {"probe_replica_data": replica_data}
+    ablation = ablation_and_cross_fit(args, report, result, scores, cross_fit)
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     token_view = None
     if args.token_view_blocks:
@@ -405,6 +399,19 @@ def score_model(model_dir, output_dir, **options):
         token_view = token_view_page(result, tokens, passages, tokenizer, source, ablation)
     write_report(args.output_dir, report, result, tokens, token_view, ablation)
     return {**report, "summary": result.summary}
+
+
+def ablation_and_cross_fit(args, report, result, scores, cross_fit):
+    """Into `report`: the ablation preference's summary and the cross-fitted correlations, where they were computed;
+    returns the ablation's PreferenceResult (None without it) for the per-token table and the token view."""
+    ablation = None
+    if scores.ablation is not None:
+        ablation = scores.ablation.accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
+        report["ablation"] = ablation_summary(ablation, result, scores.ablation.mean_increase_nats())
+    if cross_fit is not None:
+        replica_data = (read_training_config(args.model_dir) or {}).get("probe_replica_data", "shared")
+        report["cross_fit"] = cross_fit.compute(args.min_count) | {"probe_replica_data": replica_data}
+    return ablation
 
 
 def token_view_page(result, tokens, passages, tokenizer, source, ablation=None):
