@@ -351,7 +351,8 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         plot_convergence(checks, report_dir / "convergence.png")
     total_minutes, longest_run_minutes = compute_minutes(summaries)
     preferred = top_types(runs_dir, summaries, primary)
-    cross_fit = cross_fit_verdicts(summaries, runs_dir, primary, study)
+    cross_fit_by_text = {text: cross_fit_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
+    cross_fit = cross_fit_by_text[primary]
     long_run = long_run_rows(summaries, primary, study) if study.long_run else []
     size_grid = size_grid_rows(summaries, runs_dir, primary, study)
     document = render_template(
@@ -365,6 +366,8 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         summary_lines=summary_lines(verdicts),
         cross_fit_lines=cross_fit_summary_lines(cross_fit),
         cross_fit_verdicts=cross_fit,
+        cross_fit_other_texts={text: cross_fit_summary_lines(by_family) for text, by_family in cross_fit_by_text.items()
+                               if text != primary and by_family},
         cross_fit_table=markdown_table(cross_fit_table(cross_fit)) if cross_fit else None,
         cross_fit_groups=replica_groups(study.probe["probe_replicas"]),
         near_zero_r=NEAR_ZERO_R,
@@ -391,6 +394,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         "command": command,
         "verdicts": _without_bootstrap_values(verdicts),
         "cross_fit_verdicts": cross_fit,
+        "cross_fit_verdicts_by_text": cross_fit_by_text,
         "long_run": long_run,
         "size_grid": size_grid,
         "verdicts_by_text": {text: _without_bootstrap_values(by_text) for text, by_text in verdicts_by_text.items()},
