@@ -8,7 +8,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import bench_speed, masked_lm_baseline, project_scale, settings_search
+from benchmarks import bench_scoring_ablation, bench_speed, masked_lm_baseline, project_scale, settings_search
 from benchmarks.baselines import (
     GPT2_EQUAL_FLOPS,
     MODEL_NAMES,
@@ -378,3 +378,11 @@ def test_the_projected_probe_cache_is_the_choice_of_the_package_rule():
     assert project_scale.cache_choice(masked).choice == "memory"
     table = project_scale.main([])
     assert "| 176 / 351 GB (auto: none) |" in table and "| 27 / 53 GB (auto: memory) |" in table
+
+
+def test_the_ablation_benchmark_times_both_scoring_passes(capsys):
+    result = bench_scoring_ablation.main(["--blocks", "4", "--block_size", "16", "--batch_size", "2",
+                                          "--vocab_size", "64", "--probe_replicas", "2", "--repeats", "2"])  # fmt: skip
+    assert result["with"] > 0 and result["without"] > 0
+    assert result["ratio"] == pytest.approx(result["with"] / result["without"])
+    assert "with it:" in capsys.readouterr().out
