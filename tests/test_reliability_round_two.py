@@ -23,7 +23,8 @@ from transformers import AutoModelForCausalLM, BertLMHeadModel  # noqa: E402
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM  # noqa: E402
 from twotower.evaluation import compute_preference, report, score  # noqa: E402
-from twotower.training.utils import cli, train  # noqa: E402
+from twotower.training import train  # noqa: E402
+from twotower.training.utils import cli  # noqa: E402
 from twotower.training.utils.errors import TwoTowerUserError  # noqa: E402
 from twotower.training.loading import load_two_tower_config  # noqa: E402
 
