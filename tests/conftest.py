@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
-
-# Tests never touch the network: the Hub is unreachable on CI machines.
+# Tests never touch the network: the Hub is unreachable on CI machines. Set before transformers (and with it
+# huggingface_hub, which reads it once) is imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Tiny test models spend more time synchronising threads than computing; one thread per process (subprocesses
 # such as the 2-process torchrun runs inherit it) is many times faster on a 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM  # noqa: E402 (after the offline settings)
 
 # The suite's tiny-model factory. Odd sizes by default, so that a mis-reshaped tensor fails loudly (transformers'
 # model testers do the same); tests import it (`from conftest import tiny_two_tower`) and override what they need.

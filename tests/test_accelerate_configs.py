@@ -28,6 +28,8 @@ from test_training import corpus, tensorboard_scalars, tiny_config, validation_b
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 
+pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS_DIR = REPO_ROOT / "training" / "accelerate_configs"
 LAUNCHER = Path(__file__).with_name("launch_forced_plugin.py")

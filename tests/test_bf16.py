@@ -17,6 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from twotower.training.arguments import load_config
 from twotower.training.train import training_function
 
+pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Per-step training losses of bf16 autocast against fp32, 10 steps of the tiny models below on a 2-core CPU: at most
 # 6.9e-5 relative (pretrain, 1 process), 5.5e-5 (pretrain, 2 processes against 1), 1.3e-5 and 1.5e-5 (probes, 1 and 2

@@ -14,6 +14,8 @@ from transformers import GPT2TokenizerFast
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation.lm_eval_wikitext import TASK_NAME, split_articles, write_wikitext_task
 
+pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
+
 pytest.importorskip("lm_eval")
 
 ARTICLE = " = Tower = \n \n The tower is tall . It was built in 1889 and stands in Paris . \n"

@@ -211,6 +211,7 @@ def test_plan_chooses_by_size_and_says_why():
         plan_feature_cache("auto", "linear", probe_cache_max_gb=50.0, **BASE_PROBE_ON_WIKITEXT_103)
 
 
+@pytest.mark.slow
 def test_two_processes_recompute_their_own_share_as_they_would_cache_it(models, corpus, tmp_path):
     # Each process orders and reads only its own blocks: recomputed, they train the probes their caches would.
     results = {}

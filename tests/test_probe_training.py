@@ -320,6 +320,7 @@ def test_resumed_replica_run_ends_bitwise_equal(replica_run, tmp_path):
     assert all(torch.equal(tensor, after_resume[name]) for name, tensor in uninterrupted.items())
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_linear_probes(linear_run, tmp_path):
     # Each process caches half the blocks; L-BFGS sums loss and gradient over both, so the optimum is the same.
     config = dataclasses.replace(linear_run["config"], output_dir=str(tmp_path))

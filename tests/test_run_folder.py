@@ -99,6 +99,7 @@ with locked_output_dir(Accelerator(cpu=True), sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_every_process_of_a_run_fails_on_a_locked_folder(tmp_path):
     # training_function's first step, on 2 processes (gloo): only rank 0 tries the lock, rank 1 learns from it.
     (tmp_path / "lock_on_two_processes.py").write_text(LOCK_ON_TWO_PROCESSES)

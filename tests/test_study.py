@@ -29,6 +29,8 @@ from twotower.training.loading import load_two_tower, read_training_config
 from twotower.training.run_folder import read_eval_history
 from twotower.training.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
+
 
 NUM_REPLICAS = 2
 BOOKS_BLOCKS = 12  # of the causal family's 128 tokens

@@ -237,6 +237,7 @@ def test_interrupted_and_resumed_run_ends_bitwise_equal(pretrain_run, corpus, tm
     assert all(torch.equal(tensor, after_resume[name]) for name, tensor in uninterrupted.items())
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(corpus, tmp_path):
     # Same global batch (2 x 4 = 1 x 8), no dropout: the per-step losses agree to float tolerance.
     common = dict(max_train_steps=4, max_train_blocks=64, gradient_accumulation_steps=1, hidden_dropout=0.0,
