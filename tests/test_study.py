@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from twotower.evaluation import study as study_module
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import ScoringArguments, load_blocks
-from twotower.evaluation.study import SUMMARY_FIELDS, load_study_config, run_study
+from twotower.evaluation.study import SUMMARY_FIELDS, run_study
+from twotower.evaluation.study_config import load_study_config
 from twotower.evaluation.study_cross_fit import cross_fit_conclusion
 from twotower.evaluation.study_categories import category_recurrence
 from twotower.evaluation.study_report import compute_minutes, run_rows

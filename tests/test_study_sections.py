@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from twotower.evaluation.study import StudyConfig
+from twotower.evaluation.study_config import StudyConfig
 from twotower.evaluation.study_cross_fit import cross_fit_verdicts, size_grid_rows
 from twotower.evaluation.study_long_run import difference_interval, long_run_rows, long_run_table
 
