@@ -65,7 +65,7 @@ def tower_feature_means(model, passes) -> torch.Tensor:
     Each tower's mean feature [towers, hidden] (float32) over the scored positions of `passes`, an iterable of
     (inputs, labels, attention_mask) scoring passes (scoring_engine's).
     """
-    objective, total, count = objective_of(model.config), None, 0
+    objective, total, count = objective_of(model), None, 0
     for inputs, labels, attention_mask in passes:
         scored = prediction_targets(labels, objective) != -100
         features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]

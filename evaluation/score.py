@@ -34,15 +34,9 @@ from datasets import DatasetDict
 from torch.utils.data import DataLoader
 from transformers import HfArgumentParser
 
-from twotower.training.arguments import (
-    DATA_OPTION_RANGES,
-    DATA_UNSET_MEANS,
-    DataArguments,
-    check_ranges,
-    check_types,
-    parse_command_line,
-)
+from twotower.training.arguments import DATA_OPTION_RANGES, DATA_UNSET_MEANS, DataArguments
 from twotower.training.utils.cli import run
+from twotower.training.utils.options import check_ranges, check_types, parse_command_line
 from twotower.training.data import (
     BLOCK_FORMATS,
     collate_blocks,
@@ -85,7 +79,7 @@ SETTINGS_FIELDS = (
     "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas",
     "ablation", "document_pattern",
 )
-# the allowed range of every bounded option (see twotower.training.arguments.check_ranges); None is unset
+# the allowed range of every bounded option (see twotower.training.utils.options.check_ranges); None is unset
 SCORING_RANGES = {
     **DATA_OPTION_RANGES,
     "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
@@ -350,7 +344,7 @@ def score_model(model_dir, output_dir, **options):
     check_output_dir(args.output_dir, args.model_dir)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     model = load_two_tower(args.model_dir, DTYPES[args.dtype]).to(device)
-    objective, tower_type = objective_of(model.config), model.config.tower_type
+    objective, tower_type = objective_of(model), model.config.tower_type
     tokenizer = _tokenizer_that_fits(args, model.config)
 
     blocks = load_blocks(args, tokenizer)

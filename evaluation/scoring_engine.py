@@ -124,14 +124,14 @@ def _gold_logprobs(probe_model, inputs, labels, features, scored, chunk_size) ->
     return gold.flatten(0, 1)[:, scored].cpu().numpy()
 
 
-def _batch_passes(batch, device, config, mask_passes, mask_token_id):
-    """(inputs, labels, attention_mask) of each scoring pass over one batch, on `device`."""
+def _batch_passes(batch, device, model, mask_passes, mask_token_id):
+    """(inputs, labels, attention_mask) of each scoring pass of `model` over one batch, on `device`."""
     input_ids = batch["input_ids"].to(device)  # [batch, seq]
     attention_mask, scorable = batch.get("attention_mask"), None  # sentence-pair blocks: padding, never scored
     if attention_mask is not None:
         attention_mask, scorable = attention_mask.to(device), batch["labels"].to(device) != -100
-    objective = objective_of(config)
-    for inputs, labels in scoring_passes(input_ids, objective, config.tower_type, mask_passes, mask_token_id, scorable):
+    objective, tower_type = objective_of(model), model.config.tower_type
+    for inputs, labels in scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable):
         yield inputs, labels, attention_mask
 
 
@@ -164,15 +164,15 @@ def score_blocks(
     if accumulators is None:
         accumulators = [preference_accumulator(probe_model.config, pair_replicas) for probe_model in probe_models]
     scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
-    device, objective = next(model.parameters()).device, objective_of(model.config)
+    device, objective = next(model.parameters()).device, objective_of(model)
     if ablation:
         passes = (each for batch in tqdm(dataloader, desc="Tower means", disable=disable_tqdm)
-                  for each in _batch_passes(batch, device, model.config, mask_passes, mask_token_id))
+                  for each in _batch_passes(batch, device, model, mask_passes, mask_token_id))
         scores.ablation = MeanAblation(tower_feature_means(model, passes), model.config.vocab_size)
     for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
         if passages is not None:
             passages.add_batch(batch)
-        for inputs, labels, attention_mask in _batch_passes(batch, device, model.config, mask_passes, mask_token_id):
+        for inputs, labels, attention_mask in _batch_passes(batch, device, model, mask_passes, mask_token_id):
             targets = prediction_targets(labels, objective)  # [batch, seq - shift]
             scored = targets != -100
             features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]

@@ -68,7 +68,6 @@ CONVERGENCE_DIR = "convergence"
 # in the report folder: each finished run's results (run.json, score tables), the only input of the document
 KEPT_RUNS_DIR = "runs"
 KEPT_CONVERGENCE_DIR = "convergence"
-EPOCH_CHECKPOINTS_KEPT = 8  # room beside the trajectory's checkpoints for those of epoch ends
 QUIET = {"report_to": "none", "disable_tqdm": True}
 TRAIN_RESULT = "train_result.json"
 PHASE_RESULT_FIELDS = ("eval_metrics", "completed_steps", "best_step", "stopped_early")
@@ -180,8 +179,10 @@ def pretrain_options(study: StudyConfig, run: StudyRun, data: dict, max_train_st
     options["checkpointing_steps"] = math.gcd(*steps)
     # validation at every trajectory step too: the trajectory reads each step's validation loss
     options["eval_steps"] = math.gcd(options.get("eval_steps") or steps[-1], options["checkpointing_steps"])
-    # every trajectory checkpoint stays, beside those of epoch ends (a few; the limit counts both)
-    options["checkpoints_total_limit"] = len(steps) + EPOCH_CHECKPOINTS_KEPT
+    # every checkpoint stays: the rotation removes the oldest, and the trajectory's first steps are the oldest. A run
+    # takes at most one checkpoint per step (those of epoch ends come on top of the schedule's, as many as the
+    # epochs); the disk check counts the ones it writes
+    options["checkpoints_total_limit"] = options["max_train_steps"]
     return options
 
 

@@ -1,7 +1,9 @@
 """Layers that run every tower at once (each tower's weights stacked along a leading tower dimension), and the
-two layouts of the towers' hidden states: stacked [towers, ...] and concatenated [..., towers * hidden]."""
+two layouts of the towers' hidden states: stacked [towers, ...] and concatenated [..., towers * hidden], and what a
+tower stack returns."""
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -54,6 +56,14 @@ class TwoTowerBatchedLayerNorm(nn.Module):
         shape = (hidden_states.shape[0],) + (1,) * (hidden_states.dim() - 2) + (hidden_states.shape[-1],)
         normalized = F.layer_norm(hidden_states, hidden_states.shape[-1:], eps=self.eps)
         return normalized * self.weight.view(shape) + self.bias.view(shape)
+
+
+class TowerStackOutput(NamedTuple):
+    """What every tower stack returns (`towers.py`)."""
+
+    last_hidden_state: torch.Tensor  # [towers, batch, seq, hidden]
+    hidden_states: tuple  # each depth's output [batch, seq, towers * hidden], if asked for; else empty
+    attentions: tuple | None  # each depth's attention weights, if asked for
 
 
 def concat_towers(hidden_states: torch.Tensor) -> torch.Tensor:

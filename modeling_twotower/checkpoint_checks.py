@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging
 
-from .heads import LEGACY_KEY_MAPPING
+from .legacy_keys import LEGACY_KEY_MAPPING
 
 logger = logging.get_logger(__name__)
 
@@ -57,7 +57,7 @@ def read_weight_shapes(weight_files) -> dict[str, tuple[tuple[int, ...], Path]]:
 def _expected_shapes(model_class, config) -> dict[str, tuple[int, ...]]:
     # on the meta device: the shapes without allocating or drawing a weight
     with torch.device("meta"):
-        model = model_class(copy.deepcopy(config))  # the model classes fill in config fields (bidirectional)
+        model = model_class(copy.deepcopy(config))  # PreTrainedModel's constructor sets config fields
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 

@@ -31,16 +31,16 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
 
 
 class TwoTowerAttention(nn.Module):
-    """Causal self-attention of every tower at one depth, the towers folded into the head dimension."""
+    """Self-attention (causal or bidirectional) of every tower at one depth, the towers folded into the heads."""
 
-    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+    def __init__(self, config: TwoTowerConfig, layer_idx: int, bidirectional: bool):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
         self.num_towers = config.num_towers
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
-        self.is_causal = not config.bidirectional
+        self.is_causal = not bidirectional
         self.q_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
         self.k_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
         self.v_proj = TwoTowerBlockLinear(config.num_towers, config.hidden_size, config.hidden_size)
@@ -95,10 +95,10 @@ class TwoTowerMLP(nn.Module):
 class TwoTowerDecoderLayer(GradientCheckpointingLayer):
     """Pre-LN transformer block at one depth of every tower; hidden states [towers, batch, seq, hidden]."""
 
-    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+    def __init__(self, config: TwoTowerConfig, layer_idx: int, bidirectional: bool):
         super().__init__()
         self.input_layernorm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
-        self.self_attn = TwoTowerAttention(config, layer_idx)
+        self.self_attn = TwoTowerAttention(config, layer_idx, bidirectional)
         self.post_attention_layernorm = TwoTowerBatchedLayerNorm(
             config.num_towers, config.hidden_size, config.layer_norm_eps
         )

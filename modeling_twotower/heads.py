@@ -24,7 +24,7 @@ def keep_positions(states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> 
 
 class TwoTowerFusionHead(nn.Module):
     """
-    The paper's head, which joins the towers: the normalized concatenation (the base model's `fusion_norm`) ->
+    The paper's head, which joins the towers: the normalized concatenation (the base model's `fusion`) ->
     Linear + activation -> LayerNorm -> decoder tied to the shared embedding, plus an output bias. The Linear
     goes down to the embedding's width (the same width by default), which the tied decoder needs.
     """
@@ -117,17 +117,4 @@ class TwoTowerIndependentHeads(nn.Module):
         return self.mixture(tower_logprobs), loss
 
 
-# Checkpoints saved before the LM heads were modules of their own: the fusion head's layers and the tied decoder
-# sat on the LM model itself, and the control's per-tower heads were called tower_lm_heads. Read at load time only
-# (`TwoTowerPreTrainedModel.from_pretrained`), not registered as the model type's conversion mapping, which
-# transformers would also reverse on save and expects every saved key to go through.
-LEGACY_KEY_MAPPING = {
-    "^fusion_dense": "lm_head.dense",
-    "^fusion_output_norm": "lm_head.norm",
-    "^lm_head.weight": "lm_head.decoder.weight",
-    "^lm_head.bias": "lm_head.decoder.bias",
-    "^tower_lm_heads": "lm_head",
-}
-
-
-__all__ = ["LEGACY_KEY_MAPPING", "TwoTowerFusionHead", "TwoTowerIndependentHeads", "keep_positions"]
+__all__ = ["TwoTowerFusionHead", "TwoTowerIndependentHeads", "keep_positions"]

@@ -14,6 +14,7 @@ TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # what the embedding looks token i
 
 def check_inputs(
     config: TwoTowerConfig,
+    bidirectional: bool,
     input_ids,
     inputs_embeds,
     attention_mask,
@@ -33,7 +34,7 @@ def check_inputs(
         raise ValueError(
             f"`{option}=True` does not apply to LSTM towers (no attention, no key/value cache); drop it."
         )
-    if config.bidirectional and use_cache:
+    if bidirectional and use_cache:
         raise ValueError("`use_cache=True` needs causal towers; a bidirectional (masked) model has no cache.")
     seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
     if position_ids is None and past_seen_tokens + seq_len > config.max_position_embeddings:

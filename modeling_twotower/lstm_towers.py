@@ -7,7 +7,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .batched_layers import TowerStackOutput, concat_towers
 from .configuration_twotower import TwoTowerConfig
+
+
+def _stack_output(hidden_states: torch.Tensor, output_hidden_states: bool) -> TowerStackOutput:
+    # no attention, one hidden state: the stack's output
+    return TowerStackOutput(hidden_states, (concat_towers(hidden_states),) if output_hidden_states else (), None)
 
 
 def _tower_lstm(config: TwoTowerConfig) -> nn.LSTM:
@@ -36,9 +42,11 @@ class TwoTowerLSTMTowers(nn.Module):
     this is the only place in the model where towers are a Python loop.
     """
 
-    def __init__(self, config: TwoTowerConfig):
+    no_split_module = "TwoTowerLSTMTowers"  # what device maps and FSDP keep whole
+
+    def __init__(self, config: TwoTowerConfig, bidirectional: bool):
         super().__init__()
-        self.bidirectional = bool(config.bidirectional)
+        self.bidirectional = bidirectional
         self.forward_lstms = nn.ModuleList([_tower_lstm(config) for _ in range(config.num_towers)])
         if self.bidirectional:
             self.backward_lstms = nn.ModuleList([_tower_lstm(config) for _ in range(config.num_towers)])
@@ -47,7 +55,8 @@ class TwoTowerLSTMTowers(nn.Module):
                 [nn.Linear(2 * config.hidden_size, config.hidden_size) for _ in range(config.num_towers)]
             )
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, output_hidden_states: bool = False, **attention_inputs):
+        # attention_inputs (mask, cache, positions) do not apply to LSTMs
         outputs = []
         for tower_idx, forward_lstm in enumerate(self.forward_lstms):
             tower_inputs = hidden_states[tower_idx]  # [batch, seq, hidden]
@@ -60,7 +69,7 @@ class TwoTowerLSTMTowers(nn.Module):
             left_context = F.pad(left_to_right[:, :-1], (0, 0, 1, 0))  # state after t - 1; zeros at t = 0
             right_context = F.pad(right_to_left[:, 1:], (0, 0, 0, 1))  # state after t + 1; zeros at the end
             outputs.append(self.context_proj[tower_idx](torch.cat([left_context, right_context], dim=-1)))
-        return torch.stack(outputs)  # [towers, batch, seq, hidden]
+        return _stack_output(torch.stack(outputs), output_hidden_states)  # [towers, batch, seq, hidden]
 
 
 def _unprojected_lstm(config: TwoTowerConfig) -> nn.LSTM:
@@ -74,15 +83,18 @@ def _direction_linears(config: TwoTowerConfig, in_features: int) -> nn.ModuleLis
 
 class TwoTowerELMoTowers(nn.Module):
     """
-    The reference code's ELMo layout (TwoTowerELMo): token embeddings [batch, seq, embedding_size] in, each tower's
-    [forward; backward] features [towers, batch, seq, hidden] out.
+    The reference code's ELMo layout (TwoTowerELMo): the token embeddings after one start symbol [batch, 1 + seq,
+    embedding_size] in (`TwoTowerELMoEmbeddings`), each tower's [forward; backward] features [towers, batch, seq,
+    hidden] out.
 
-    Each direction reads the embeddings shifted by one start symbol (the forward LM reads tokens < t, the backward
+    Each direction reads the embeddings shifted by the start symbol (the forward LM reads tokens < t, the backward
     LM, run on the reversed sequence, tokens > t), normalized by that direction's LayerNorm and dropped out. Each
     tower projects both streams with its one Linear(embedding_size -> hidden // 2), runs a forward and a backward
     unprojected LSTM, and maps the cells back with one Linear(cells -> hidden // 2) per direction. The towers run
     one after the other, as cuDNN/oneDNN LSTM kernels take one sequence batch per call.
     """
+
+    no_split_module = "TwoTowerELMoTowers"
 
     def __init__(self, config: TwoTowerConfig):
         super().__init__()
@@ -95,11 +107,11 @@ class TwoTowerELMoTowers(nn.Module):
         self.forward_out_proj = _direction_linears(config, config.lstm_hidden_size)
         self.backward_out_proj = _direction_linears(config, config.lstm_hidden_size)
 
-    def forward(self, inputs_embeds: torch.Tensor, start_embedding: torch.Tensor) -> torch.Tensor:
-        batch, _, embedding_size = inputs_embeds.shape
-        start = start_embedding.expand(batch, 1, embedding_size)
+    def forward(self, embeddings_after_start: torch.Tensor, output_hidden_states: bool = False, **attention_inputs):
+        # attention_inputs (mask, cache, positions) do not apply to LSTMs
+        start, inputs_embeds = embeddings_after_start[:, :1], embeddings_after_start[:, 1:]
         # position t of the forward stream holds token t - 1; of the backward stream, token seq - t (reversed)
-        forward_inputs = torch.cat([start, inputs_embeds[:, :-1]], dim=1)
+        forward_inputs = embeddings_after_start[:, :-1]
         backward_inputs = torch.cat([start, inputs_embeds.flip(1)[:, :-1]], dim=1)
         forward_inputs = self.dropout(self.forward_norm(forward_inputs))
         backward_inputs = self.dropout(self.backward_norm(backward_inputs))
@@ -110,7 +122,7 @@ class TwoTowerELMoTowers(nn.Module):
             left_context = self.forward_out_proj[tower_idx](left_to_right)  # [batch, seq, hidden // 2]
             right_context = self.backward_out_proj[tower_idx](right_to_left).flip(1)
             outputs.append(torch.cat([left_context, right_context], dim=-1))
-        return torch.stack(outputs)  # [towers, batch, seq, hidden]
+        return _stack_output(torch.stack(outputs), output_hidden_states)  # [towers, batch, seq, hidden]
 
 
 __all__ = ["TwoTowerELMoTowers", "TwoTowerLSTMTowers"]

@@ -2,10 +2,11 @@
 
 All towers run together: every per-tower weight is stacked along a leading tower dimension and every matmul is
 a batched matmul over towers. Towers never exchange information before the LM head. This module assembles the
-parts, each in a module of its own: the batched layers (`batched_layers.py`), the transformer layers
-(`decoder_layers.py`), the LSTM towers (`lstm_towers.py`), the LM heads (`heads.py`), the probes (`probes.py`),
-the checks of user inputs (`input_checks.py`) and of saved weights (`checkpoint_checks.py`), and the reference
-code's initialisation (`reference_initialization.py`).
+parts, each in a module of its own: the embedding (`embeddings.py`), the towers' stack (`towers.py`: transformer
+layers in `decoder_layers.py`, LSTM towers in `lstm_towers.py`, on the batched layers of `batched_layers.py`), their
+join (`fusion.py`), the LM heads (`heads.py`), the probes (`probes.py`), the checks of user inputs
+(`input_checks.py`) and of saved weights (`checkpoint_checks.py`), earlier versions' parameter names
+(`legacy_keys.py`), and the reference code's initialisation (`reference_initialization.py`).
 """
 
 from dataclasses import dataclass
@@ -18,30 +19,21 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_causal_mask,
-    find_packed_sequence_indices,
-    packed_sequence_mask_function,
-)
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .batched_layers import (
-    TwoTowerBatchedLayerNorm,
-    TwoTowerBatchedLinear,
-    concat_towers,
-    split_towers,
-)
+from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, split_towers
 from .checkpoint_checks import check_weights_fit_config, warn_non_finite_weights
 from .configuration_twotower import TwoTowerConfig
-from .decoder_layers import TwoTowerDecoderLayer
-from .heads import LEGACY_KEY_MAPPING, TwoTowerFusionHead, TwoTowerIndependentHeads
+from .embeddings import tower_embeddings
+from .fusion import tower_fusion
+from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
 from .input_checks import check_label_values, check_labels, check_inputs, check_probe_features, warn_if_no_target
-from .lstm_towers import TwoTowerELMoTowers, TwoTowerLSTMTowers
+from .legacy_keys import LEGACY_KEY_MAPPING, rename_legacy_keys
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
+from .towers import tower_stack
 
 
 @dataclass
@@ -120,47 +112,27 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
 
 class TwoTowerModel(TwoTowerPreTrainedModel):
     """
-    Shared embedding, each tower's stack, and the normalized concatenation of the towers, laid out as the
-    config's `layout` says (the reference code's BERT, GPT or ELMo variant; see TwoTowerConfig).
+    The shared token embedding, what each tower reads of it (`embeddings.py`), the towers' stack (`towers.py`) and
+    their join (`fusion.py`), each chosen once for the config's layout (the reference code's BERT, GPT or ELMo
+    variant; see TwoTowerConfig).
+    `bidirectional`: the towers' attention (None: the config's, else bidirectional for the ELMo layout only); the LM
+    classes pass what their objective needs.
     """
 
-    def __init__(self, config: TwoTowerConfig):
-        if config.bidirectional is None:
-            config.bidirectional = config.layout == "elmo"
+    def __init__(self, config: TwoTowerConfig, bidirectional: bool | None = None):
         super().__init__(config)
+        if bidirectional is None:
+            bidirectional = config.layout == "elmo" if config.bidirectional is None else config.bidirectional
+        self.bidirectional = bidirectional
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
-        self.dropout = nn.Dropout(config.hidden_dropout)
-        if config.layout == "elmo":
-            # No positions: direction norms, shifting and the per-tower projections live in the ELMo towers.
-            self.elmo_towers = TwoTowerELMoTowers(config)
-            tower_stack = "TwoTowerELMoTowers"
-        else:
-            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
-            if config.layout == "bert" and config.separate_embeddings:  # each tower its own slice, norm, projection
-                slice_size = config.embedding_size // config.num_towers
-                self.embed_norm = TwoTowerBatchedLayerNorm(config.num_towers, slice_size, config.layer_norm_eps)
-                self.tower_proj = TwoTowerBatchedLinear(config.num_towers, slice_size, config.hidden_size)
-            elif config.layout == "bert":  # gpt: no embedding norm, no projection
-                self.embed_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-                self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
-            if config.tower_type == "lstm":
-                self.lstm_towers = TwoTowerLSTMTowers(config)
-                tower_stack = "TwoTowerLSTMTowers"
-            else:
-                self.layers = nn.ModuleList(
-                    [TwoTowerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
-                )
-                tower_stack = "TwoTowerDecoderLayer"
-        if config.layout == "gpt":  # each tower's final LayerNorm (GPT-2's ln_f)
-            self.tower_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
-        if config.cooperative:
-            self.fusion_norm = nn.LayerNorm(config.fused_hidden_size, eps=config.layer_norm_eps)
-        else:
-            # The control shares nothing after the embedding, not even normalization statistics.
-            self.fusion_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
+        self.embeddings = tower_embeddings(config)
+        self.towers = tower_stack(config, bidirectional)
+        self.fusion = tower_fusion(config)
         self.gradient_checkpointing = False
         # Only the stack this model holds: device_map and FSDP's wrap policy refuse a class name the model lacks.
-        self._no_split_modules = [tower_stack]
+        self._no_split_modules = [self.towers.no_split_module]
+        # earlier versions' names (legacy_keys.py) in state dicts loaded with load_state_dict (training checkpoints)
+        self.register_load_state_dict_pre_hook(rename_legacy_keys)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -168,58 +140,6 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.embed_tokens = value
-
-    def _tower_inputs(self, inputs_embeds, position_ids):
-        """The embedding [batch, seq, embedding_size] and, from it, each tower's input [towers, batch, seq, hidden]."""
-        if self.config.layout == "elmo":
-            # the ELMo towers are the whole stack; the reference shifts [PAD] (id 0) in front of each direction
-            start_id = 0 if self.config.pad_token_id is None else self.config.pad_token_id
-            return inputs_embeds, self.elmo_towers(inputs_embeds, self.embed_tokens.weight[start_id])
-        embeddings = inputs_embeds + self.embed_positions(position_ids)
-        per_tower = (self.config.num_towers, *embeddings.shape)
-        if self.config.layout == "gpt":
-            # GPT-2's embedding goes to every tower as it is; each tower (a GPT2Model in the reference) draws its
-            # own dropout mask
-            return embeddings, self.dropout(embeddings.expand(per_tower))
-        if self.config.separate_embeddings:  # tower t reads columns [t * e, (t + 1) * e) only
-            slices = self.dropout(self.embed_norm(split_towers(embeddings, self.config.num_towers)))
-            return concat_towers(slices), self.tower_proj(slices)
-        embeddings = self.dropout(self.embed_norm(embeddings))
-        return embeddings, self.tower_proj(embeddings.expand(per_tower))
-
-    def _fuse(self, hidden_states):
-        """The towers' normalized concatenation [batch, seq, towers * hidden], what the LM head and probes read."""
-        if self.config.cooperative:
-            fused_hidden_states = self.fusion_norm(concat_towers(hidden_states))
-        else:  # the control's norms are per tower
-            fused_hidden_states = concat_towers(self.fusion_norm(hidden_states))
-        if self.config.layout == "elmo":  # the reference's ELMo drops out the fused features too
-            fused_hidden_states = self.dropout(fused_hidden_states)
-        return fused_hidden_states
-
-    def _attention_mask(self, inputs_embeds, attention_mask, cache, position_ids, output_attentions):
-        # Attention weights come from the eager path, which needs the mask SDPA would skip.
-        # Packed rows (position_ids restarting inside a row, no attention_mask) attend within each sequence, as in
-        # transformers' own models; an empty cache holds no past, so it does not turn that off.
-        cache = cache if cache is not None and cache.get_seq_length() > 0 else None
-        if self.config.bidirectional:
-            batch_position_ids = position_ids.expand(inputs_embeds.shape[0], -1)
-            packed = None if attention_mask is not None else find_packed_sequence_indices(batch_position_ids)
-            return create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                and_mask_function=None if packed is None else packed_sequence_mask_function(packed),
-                allow_is_bidirectional_skip=not output_attentions,
-            )
-        return create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            cache=cache,
-            position_ids=position_ids,
-            allow_is_causal_skip=not output_attentions,
-        )
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @can_return_tuple
@@ -243,8 +163,8 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
         check_inputs(
-            self.config, input_ids, inputs_embeds, attention_mask, position_ids, past_seen_tokens, use_cache,
-            output_attentions,
+            self.config, self.bidirectional, input_ids, inputs_embeds, attention_mask, position_ids,
+            past_seen_tokens, use_cache, output_attentions,
         )
 
         if inputs_embeds is None:
@@ -255,33 +175,17 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
 
-        embeddings, hidden_states = self._tower_inputs(inputs_embeds, position_ids)
-        all_hidden_states = (embeddings,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        if self.config.tower_type == "lstm":
-            if self.config.layout == "bert":
-                hidden_states = self.lstm_towers(hidden_states)
-            if output_hidden_states:
-                all_hidden_states += (concat_towers(hidden_states),)
-        else:
-            mask = self._attention_mask(inputs_embeds, attention_mask, cache, position_ids, output_attentions)
-            for layer in self.layers:
-                hidden_states, attn_weights = layer(
-                    hidden_states, attention_mask=mask, cache=cache, output_attentions=output_attentions
-                )
-                if output_hidden_states:
-                    all_hidden_states += (concat_towers(hidden_states),)
-                if output_attentions:
-                    all_attentions += (attn_weights,)
-
-        if self.config.layout == "gpt":
-            hidden_states = self.tower_norm(hidden_states)
+        embeddings, tower_inputs = self.embeddings(inputs_embeds, position_ids, self.embed_tokens)
+        towers = self.towers(
+            tower_inputs, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+            cache=cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+        )
         return TwoTowerModelOutputWithPast(
-            last_hidden_state=self._fuse(hidden_states),
+            last_hidden_state=self.fusion(towers.last_hidden_state),
             cache=cache if use_cache else None,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            tower_hidden_states=hidden_states if output_tower_hidden_states else None,
+            hidden_states=(embeddings, *towers.hidden_states) if output_hidden_states else None,
+            attentions=towers.attentions,
+            tower_hidden_states=towers.last_hidden_state if output_tower_hidden_states else None,
         )
 
 
@@ -300,16 +204,14 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
                 f"{type(self).__name__} cannot have layout='elmo', the reference's forward + backward ELMo (a masked-"
                 f"family model): use TwoTowerForMaskedLM, or layout='bert' with tower_type='lstm' for a causal LSTM LM."
             )
-        if config.bidirectional is None:
-            config.bidirectional = self.towers_bidirectional
-        if config.bidirectional != self.towers_bidirectional:
+        if config.bidirectional not in (None, self.towers_bidirectional):
             wanted = "TwoTowerForMaskedLM" if config.bidirectional else "TwoTowerForCausalLM"
             raise ValueError(
                 f"{type(self).__name__} needs bidirectional={self.towers_bidirectional} towers but the config has "
                 f"bidirectional={config.bidirectional}; use {wanted}, or leave `bidirectional` unset."
             )
         super().__init__(config)
-        self.model = TwoTowerModel(config)
+        self.model = TwoTowerModel(config, bidirectional=self.towers_bidirectional)
         self.lm_head = TwoTowerFusionHead(config) if config.cooperative else TwoTowerIndependentHeads(config)
         self.probes = TwoTowerProbes(config, config.probe_replicas, config.probe_type)
         self.post_init()

@@ -79,7 +79,7 @@ def test_equal_flops_gpt2_has_the_towers_stack():
     gpt2, two_tower = build_model(GPT2_EQUAL_FLOPS, config), build_model(TWO_TOWER, config)
     assert (gpt2.config.n_layer, gpt2.config.n_embd, gpt2.config.n_inner) == (3 * LAYERS, HIDDEN, FFN)
     gpt2_stack = sum(p.numel() for n, p in gpt2.transformer.h.named_parameters() if p.dim() == 2)
-    two_tower_stack = sum(p.numel() for n, p in two_tower.model.layers.named_parameters() if p.dim() == 3)
+    two_tower_stack = sum(p.numel() for n, p in two_tower.model.towers.layers.named_parameters() if p.dim() == 3)
     assert gpt2_stack == two_tower_stack == 3 * LAYERS * (4 * HIDDEN * HIDDEN + 2 * HIDDEN * FFN)
 
 

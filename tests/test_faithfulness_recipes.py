@@ -34,20 +34,20 @@ REFERENCE_NO_DECAY = ["bias", "LayerNorm.bias", "LayerNorm.weight", "attn_nw", "
 # our parameter names -> TwoTowerDsBert's (ttlm/model.py:38-86; DeepSpeedTransformerLayer's attn_*, inter_*, ...)
 REFERENCE_NAMES = [
     (r"model\.embed_tokens\.weight", "pt_emb.weight"),
-    (r"model\.embed_positions\.weight", "position_embeddings.weight"),
-    (r"model\.embed_norm\.(weight|bias)", r"layer_norm_emb.\1"),
-    (r"model\.tower_proj\.(weight|bias)", r"emb1.\1"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"trf_layers1.\1.attn_nw"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.bias", r"trf_layers1.\1.attn_nb"),
-    (r"model\.layers\.(\d+)\.self_attn\.[qkv]_proj\.weight", r"trf_layers1.\1.attn_qkvw"),
-    (r"model\.layers\.(\d+)\.self_attn\.[qkv]_proj\.bias", r"trf_layers1.\1.attn_qkvb"),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"trf_layers1.\1.attn_ow"),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.bias", r"trf_layers1.\1.attn_ob"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"trf_layers1.\1.norm_w"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.bias", r"trf_layers1.\1.norm_b"),
-    (r"model\.layers\.(\d+)\.mlp\.up_proj\.(weight|bias)", lambda m: f"trf_layers1.{m[1]}.inter_{m[2][0]}"),
-    (r"model\.layers\.(\d+)\.mlp\.down_proj\.(weight|bias)", lambda m: f"trf_layers1.{m[1]}.output_{m[2][0]}"),
-    (r"model\.fusion_norm\.(weight|bias)", r"layer_norm_final.\1"),
+    (r"model\.embeddings\.embed_positions\.weight", "position_embeddings.weight"),
+    (r"model\.embeddings\.embed_norm\.(weight|bias)", r"layer_norm_emb.\1"),
+    (r"model\.embeddings\.tower_proj\.(weight|bias)", r"emb1.\1"),
+    (r"model\.towers\.layers\.(\d+)\.input_layernorm\.weight", r"trf_layers1.\1.attn_nw"),
+    (r"model\.towers\.layers\.(\d+)\.input_layernorm\.bias", r"trf_layers1.\1.attn_nb"),
+    (r"model\.towers\.layers\.(\d+)\.self_attn\.[qkv]_proj\.weight", r"trf_layers1.\1.attn_qkvw"),
+    (r"model\.towers\.layers\.(\d+)\.self_attn\.[qkv]_proj\.bias", r"trf_layers1.\1.attn_qkvb"),
+    (r"model\.towers\.layers\.(\d+)\.self_attn\.o_proj\.weight", r"trf_layers1.\1.attn_ow"),
+    (r"model\.towers\.layers\.(\d+)\.self_attn\.o_proj\.bias", r"trf_layers1.\1.attn_ob"),
+    (r"model\.towers\.layers\.(\d+)\.post_attention_layernorm\.weight", r"trf_layers1.\1.norm_w"),
+    (r"model\.towers\.layers\.(\d+)\.post_attention_layernorm\.bias", r"trf_layers1.\1.norm_b"),
+    (r"model\.towers\.layers\.(\d+)\.mlp\.up_proj\.(weight|bias)", lambda m: f"trf_layers1.{m[1]}.inter_{m[2][0]}"),
+    (r"model\.towers\.layers\.(\d+)\.mlp\.down_proj\.(weight|bias)", lambda m: f"trf_layers1.{m[1]}.output_{m[2][0]}"),
+    (r"model\.fusion\.norm\.(weight|bias)", r"layer_norm_final.\1"),
     (r"lm_head\.dense\.(weight|bias)", r"dense_act.\1"),
     (r"lm_head\.norm\.(weight|bias)", r"layer_norm_trans.\1"),
     (r"lm_head\.decoder\.bias", "out_bias"),
@@ -138,8 +138,8 @@ def test_masked_recipes_spare_the_parameters_the_reference_bert_spares(phase):
     }
     assert spared == spared_by_the_reference
     if phase == "pretrain":  # the LayerNorms around the towers decay; those inside their layers do not
-        assert {"model.embed_norm.weight", "model.fusion_norm.weight", "lm_head.norm.weight"} <= decayed
-        assert {"model.layers.0.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"} <= spared
+        assert {"model.embeddings.embed_norm.weight", "model.fusion.norm.weight", "lm_head.norm.weight"} <= decayed
+        assert {"model.towers.layers.0.input_layernorm.weight", "model.towers.layers.1.post_attention_layernorm.weight"} <= spared
     else:
         assert decayed == {"probes.dense.weight", "probes.norm.weight", "probes.decoder.weight"}
 

@@ -119,9 +119,9 @@ def test_parameters_follow_the_paper_architecture():
     model = tiny_model(num_towers=3)
     fused = 3 * HIDDEN
     assert model.model.embed_tokens.weight.shape == (VOCAB, fused)
-    assert model.model.embed_positions.weight.shape == (32, fused)
-    assert model.model.tower_proj.weight.shape == (3, fused, HIDDEN)  # [towers, in, out]
-    assert model.model.layers[0].mlp.up_proj.weight.shape == (3, HIDDEN, FFN)
+    assert model.model.embeddings.embed_positions.weight.shape == (32, fused)
+    assert model.model.embeddings.tower_proj.weight.shape == (3, fused, HIDDEN)  # [towers, in, out]
+    assert model.model.towers.layers[0].mlp.up_proj.weight.shape == (3, HIDDEN, FFN)
     assert model.lm_head.dense.weight.shape == (fused, fused)
     # decoder tied to the shared embedding (one tensor), plus an output bias initialised to zero
     assert model.lm_head.decoder.weight is model.model.embed_tokens.weight
@@ -129,7 +129,7 @@ def test_parameters_follow_the_paper_architecture():
     # one untied probe per tower reading one tower's slice
     assert model.probes.dense.weight.shape == (3, HIDDEN, HIDDEN)
     assert model.probes.decoder.weight.shape == (3, HIDDEN, VOCAB)
-    std = model.model.layers[1].self_attn.q_proj.weight.std().item()
+    std = model.model.towers.layers[1].self_attn.q_proj.weight.std().item()
     assert abs(std - model.config.initializer_range) < 0.005
 
 
@@ -139,8 +139,8 @@ def test_embedding_size_narrows_the_embedding_and_the_tied_decoder(tmp_path):
     model = tiny_model(embedding_size=HIDDEN)
     assert model.config.fused_hidden_size == 2 * HIDDEN and tiny_config().embedding_size == 2 * HIDDEN
     assert model.model.embed_tokens.weight.shape == (VOCAB, HIDDEN)
-    assert model.model.embed_positions.weight.shape == (32, HIDDEN)
-    assert model.model.tower_proj.weight.shape == (2, HIDDEN, HIDDEN)
+    assert model.model.embeddings.embed_positions.weight.shape == (32, HIDDEN)
+    assert model.model.embeddings.tower_proj.weight.shape == (2, HIDDEN, HIDDEN)
     assert model.lm_head.dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # nn.Linear: [out, in]
     assert model.lm_head.decoder.weight is model.model.embed_tokens.weight
 
@@ -149,7 +149,7 @@ def test_embedding_size_narrows_the_embedding_and_the_tied_decoder(tmp_path):
     output = model(input_ids, output_tower_hidden_states=True)
     concat = torch.cat(list(output.tower_hidden_states), dim=-1)
     eps = model.config.layer_norm_eps
-    fused = F.layer_norm(concat, (2 * HIDDEN,), model.model.fusion_norm.weight, model.model.fusion_norm.bias, eps)
+    fused = F.layer_norm(concat, (2 * HIDDEN,), model.model.fusion.norm.weight, model.model.fusion.norm.bias, eps)
     fused = F.gelu(fused @ model.lm_head.dense.weight.T + model.lm_head.dense.bias)
     fused = F.layer_norm(fused, (HIDDEN,), model.lm_head.norm.weight, model.lm_head.norm.bias, eps)
     expected = fused @ model.model.embed_tokens.weight.T + model.lm_head.decoder.bias
@@ -166,8 +166,9 @@ def _reference_tower(model, tower_idx, input_ids, params):
     """One tower computed alone from its sliced weights, with plain torch ops (independent of the model code)."""
     config = model.config
     batch, seq = input_ids.shape
-    embeddings = model.model.embed_tokens(input_ids) + model.model.embed_positions(torch.arange(seq))
-    embeddings = model.model.embed_norm(embeddings)
+    embedding = model.model.embeddings
+    embeddings = model.model.embed_tokens(input_ids) + embedding.embed_positions(torch.arange(seq))
+    embeddings = embedding.embed_norm(embeddings)
 
     def linear(name, x):
         return x @ params[name + ".weight"] + params[name + ".bias"]
@@ -175,10 +176,10 @@ def _reference_tower(model, tower_idx, input_ids, params):
     def layer_norm(name, x):
         return F.layer_norm(x, (x.shape[-1],), params[name + ".weight"], params[name + ".bias"], config.layer_norm_eps)
 
-    hidden = linear("model.tower_proj", embeddings)
+    hidden = linear("model.embeddings.tower_proj", embeddings)
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     for i in range(config.num_hidden_layers):
-        prefix = f"model.layers.{i}."
+        prefix = f"model.towers.layers.{i}."
         x = layer_norm(prefix + "input_layernorm", hidden)
         q, k, v = (
             linear(prefix + f"self_attn.{p}_proj", x).view(batch, seq, config.num_attention_heads, -1).transpose(1, 2)
@@ -196,7 +197,8 @@ def _reference_tower(model, tower_idx, input_ids, params):
 def test_batched_towers_equal_each_tower_run_alone_forward_and_backward(num_towers, embedding_size):
     model = tiny_model(num_towers=num_towers, embedding_size=embedding_size)
     input_ids = random_ids()
-    tower_names = [n for n, _ in model.named_parameters() if n.startswith(("model.tower_proj", "model.layers"))]
+    stack = ("model.embeddings.tower_proj", "model.towers.layers")
+    tower_names = [n for n, _ in model.named_parameters() if n.startswith(stack)]
     weights = torch.randn(num_towers, BATCH, SEQ, HIDDEN, generator=torch.Generator().manual_seed(3))
 
     towers = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
@@ -220,7 +222,7 @@ def test_perturbing_one_tower_leaves_the_others_unchanged():
     input_ids = random_ids()
     before = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
     with torch.no_grad():
-        for layer in model.model.layers:
+        for layer in model.model.towers.layers:
             layer.mlp.up_proj.weight[0] += torch.randn(layer.mlp.up_proj.weight[0].shape)
     after = model(input_ids, output_tower_hidden_states=True).tower_hidden_states
     assert not torch.allclose(before[0], after[0])
@@ -300,7 +302,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(layout):
         model = tiny_model(layout=layout, hidden_dropout=0.0, attention_dropout=0.0).train()
         if checkpointing:
             model.activation_checkpointing_enable()
-            assert model.model.layers[0].gradient_checkpointing
+            assert model.model.towers.layers[0].gradient_checkpointing
         model(input_ids, labels=input_ids).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
@@ -585,7 +587,7 @@ def test_separate_embeddings_give_each_tower_its_own_slice(cooperative, tmp_path
     width = config.embedding_size // 2  # tower 0 reads columns [0, 64), tower 1 [64, 128)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, :width] += torch.randn(50, width)
-        model.model.embed_positions.weight[:, :width] += torch.randn(16, width)
+        model.model.embeddings.embed_positions.weight[:, :width] += torch.randn(16, width)
     changed = towers_before_fusion()
     assert torch.equal(changed[1], towers[1]) and not torch.allclose(changed[0], towers[0], atol=1e-3)
 

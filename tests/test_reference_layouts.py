@@ -45,11 +45,11 @@ def _gpt2_state(model, tower_idx):
     towers = model.model
     state = {
         "wte.weight": towers.embed_tokens.weight,
-        "wpe.weight": towers.embed_positions.weight,
-        "ln_f.weight": towers.tower_norm.weight[tower_idx],
-        "ln_f.bias": towers.tower_norm.bias[tower_idx],
+        "wpe.weight": towers.embeddings.embed_positions.weight,
+        "ln_f.weight": towers.towers.tower_norm.weight[tower_idx],
+        "ln_f.bias": towers.towers.tower_norm.bias[tower_idx],
     }
-    for i, layer in enumerate(towers.layers):
+    for i, layer in enumerate(towers.towers.layers):
         attn, mlp = layer.self_attn, layer.mlp
         pairs = {
             "ln_1": layer.input_layernorm,
@@ -71,8 +71,8 @@ def test_gpt_layout_is_two_gpt2_stacks_sharing_one_embedding_then_the_fusion_hea
     model = build(TwoTowerForCausalLM, layout="gpt", hidden_act="gelu_new", layer_norm_eps=1e-5)
     towers = model.model
     # model.py:746-747 shares model1's wte and wpe; no embedding norm, no per-tower projection
-    assert towers.embed_tokens.weight.shape == (VOCAB, HIDDEN) and towers.embed_positions.weight.shape == (32, HIDDEN)
-    assert not hasattr(towers, "embed_norm") and not hasattr(towers, "tower_proj")
+    assert towers.embed_tokens.weight.shape == (VOCAB, HIDDEN) and towers.embeddings.embed_positions.weight.shape == (32, HIDDEN)
+    assert not hasattr(towers.embeddings, "embed_norm") and not hasattr(towers.embeddings, "tower_proj")
     assert model.lm_head.dense.weight.shape == (HIDDEN, 2 * HIDDEN)  # model.py:751, Linear(2h -> h)
     assert model.lm_head.decoder.weight is towers.embed_tokens.weight
 
@@ -95,7 +95,7 @@ def test_gpt_layout_is_two_gpt2_stacks_sharing_one_embedding_then_the_fusion_hea
     # model.py:845-851: LayerNorm(2h) -> Linear(2h -> h) + GELU -> LayerNorm(h) -> wte^T + out_bias
     eps = model.config.layer_norm_eps
     concat = torch.cat(list(expected), dim=-1)
-    fused = F.layer_norm(concat, (2 * HIDDEN,), towers.fusion_norm.weight, towers.fusion_norm.bias, eps)
+    fused = F.layer_norm(concat, (2 * HIDDEN,), towers.fusion.norm.weight, towers.fusion.norm.bias, eps)
     fused = F.gelu(F.linear(fused, model.lm_head.dense.weight, model.lm_head.dense.bias), approximate="tanh")
     fused = F.layer_norm(fused, (HIDDEN,), model.lm_head.norm.weight, model.lm_head.norm.bias, eps)
     logits = F.linear(fused, towers.embed_tokens.weight) + model.lm_head.decoder.bias
@@ -106,10 +106,10 @@ def test_gpt_towers_draw_their_own_embedding_dropout():
     # Each reference tower is a GPT2Model with its own dropout on the shared embedding (GPT2Model.forward: self.drop)
     model = build(TwoTowerForCausalLM, layout="gpt", hidden_dropout=0.5).train()
     tower_inputs = []
-    model.model.layers[0].register_forward_pre_hook(lambda module, args: tower_inputs.append(args[0]))
+    model.model.towers.layers[0].register_forward_pre_hook(lambda module, args: tower_inputs.append(args[0]))
     input_ids = random_ids()
     model(input_ids)
-    embeddings = model.model.embed_tokens(input_ids) + model.model.embed_positions(torch.arange(SEQ))
+    embeddings = model.model.embed_tokens(input_ids) + model.model.embeddings.embed_positions(torch.arange(SEQ))
     kept = tower_inputs[0] != 0  # [towers, batch, seq, hidden]
     for tower_idx in range(2):
         torch.testing.assert_close(tower_inputs[0][tower_idx], embeddings * 2 * kept[tower_idx])
@@ -121,7 +121,7 @@ def test_gpt_towers_draw_their_own_embedding_dropout():
 
 def _reference_elmo_features(model, input_ids, start_id):
     """TwoTowerELMo.forward_tt (model.py:591-633) in eval mode, on this model's weights."""
-    towers, elmo = model.model, model.model.elmo_towers
+    towers, elmo = model.model, model.model.towers
     embedding = towers.embed_tokens.weight
     start = torch.full((input_ids.shape[0], 1), start_id)  # the reference pads with [PAD], id 0 (596-601)
     inputs_forward = torch.cat([start, input_ids[:, :-1]], dim=1)
@@ -141,15 +141,15 @@ def _reference_elmo_features(model, input_ids, start_id):
             out = F.linear(cells, h2o[direction].weight, h2o[direction].bias)
             outputs.append(out.flip(1) if direction else out)  # flip_seq (586-589)
     concat = torch.cat(outputs, dim=-1)
-    return F.layer_norm(concat, (concat.shape[-1],), towers.fusion_norm.weight, towers.fusion_norm.bias, eps)
+    return F.layer_norm(concat, (concat.shape[-1],), towers.fusion.norm.weight, towers.fusion.norm.bias, eps)
 
 
 @pytest.mark.parametrize("pad_token_id", [None, 5])
 def test_elmo_layout_computes_the_reference_forward(pad_token_id):
     model = build(TwoTowerForMaskedLM, layout="elmo", lstm_hidden_size=CELLS, pad_token_id=pad_token_id)
-    elmo = model.model.elmo_towers
+    elmo = model.model.towers
     assert model.config.embedding_size == HIDDEN  # 2 * model_size wide (model.py:507) with model_size = HIDDEN // 2
-    assert not hasattr(model.model, "embed_positions")
+    assert not hasattr(model.model.embeddings, "embed_positions")
     lstm = elmo.forward_lstms[0]  # model.py:515: LSTM(model_size, cells, num_layers), no projection
     assert (lstm.input_size, lstm.hidden_size, lstm.num_layers, lstm.proj_size) == (HIDDEN // 2, CELLS, LAYERS, 0)
     assert elmo.forward_out_proj[0].weight.shape == (HIDDEN // 2, CELLS)  # h2o_f1 (519)
@@ -179,7 +179,7 @@ def test_elmo_towers_share_nothing_after_the_embedding():
 
     before = towers_and_probe_features()
     with torch.no_grad():
-        model.model.elmo_towers.backward_lstms[1].bias_hh_l1 += 1.0
+        model.model.towers.backward_lstms[1].bias_hh_l1 += 1.0
     for before_states, after_states in zip(before, towers_and_probe_features()):
         torch.testing.assert_close(after_states[0], before_states[0], rtol=0, atol=0)
         assert not torch.allclose(after_states[1], before_states[1])
@@ -331,7 +331,7 @@ def torch_linear_bound(in_features):
 
 def assert_transformer_blocks(towers, std=0.02):
     residual_std = std / math.sqrt(2 * INIT_FIELDS["num_hidden_layers"])  # 1/sqrt(2 L)
-    for layer in towers.layers:
+    for layer in towers.towers.layers:
         attn, mlp = layer.self_attn, layer.mlp
         for projection, expected in [
             (attn.q_proj, std), (attn.k_proj, std), (attn.v_proj, std), (attn.o_proj, residual_std),
@@ -352,7 +352,7 @@ def assert_torch_default_head(model):
     for linear in (model.probes.dense, model.probes.decoder):
         assert_uniform(linear.weight, torch_linear_bound(linear.weight.shape[1]))
         assert_uniform(linear.bias, torch_linear_bound(linear.weight.shape[1]))
-    assert_ones_and_zeros(model.model.fusion_norm)
+    assert_ones_and_zeros(model.model.fusion.norm)
     assert_ones_and_zeros(model.lm_head.norm)
 
 
@@ -361,10 +361,10 @@ def test_bert_reference_initialisation_is_deepspeeds_kernel_and_the_reference_mo
     model = TwoTowerForMaskedLM(TwoTowerConfig(initialization="reference", **INIT_FIELDS))
     towers = model.model
     assert_uniform(towers.embed_tokens.weight, 0.02)  # pt_emb.weight.data.uniform_(-0.02, 0.02), model.py:61
-    assert_uniform(towers.embed_positions.weight, 0.02)  # model.py:70
-    assert_ones_and_zeros(towers.embed_norm)
-    assert_uniform(towers.tower_proj.weight, torch_linear_bound(512))  # emb1/emb2 are plain nn.Linear (62-63)
-    assert_uniform(towers.tower_proj.bias, torch_linear_bound(512))
+    assert_uniform(towers.embeddings.embed_positions.weight, 0.02)  # model.py:70
+    assert_ones_and_zeros(towers.embeddings.embed_norm)
+    assert_uniform(towers.embeddings.tower_proj.weight, torch_linear_bound(512))  # emb1/emb2 are plain nn.Linear (62-63)
+    assert_uniform(towers.embeddings.tower_proj.bias, torch_linear_bound(512))
     assert_transformer_blocks(towers)  # DeepSpeedTransformerLayer.init_transformer_weights, adjust_init_range
     assert_torch_default_head(model)
 
@@ -374,9 +374,9 @@ def test_gpt_reference_initialisation_is_gpt2s_and_the_reference_model():
     model = TwoTowerForCausalLM(TwoTowerConfig(layout="gpt", initialization="reference", **INIT_FIELDS))
     towers = model.model
     assert_normal(towers.embed_tokens.weight, 0.02)  # GPT2PreTrainedModel._init_weights
-    assert_normal(towers.embed_positions.weight, 0.02)
+    assert_normal(towers.embeddings.embed_positions.weight, 0.02)
     assert_transformer_blocks(towers)  # c_proj of attention and MLP: 0.02 / sqrt(2 n_layer)
-    assert_ones_and_zeros(towers.tower_norm)
+    assert_ones_and_zeros(towers.towers.tower_norm)
     assert_torch_default_head(model)
 
 
@@ -384,7 +384,7 @@ def test_elmo_reference_initialisation_is_the_reference_models():
     torch.manual_seed(0)
     config = TwoTowerConfig(layout="elmo", lstm_hidden_size=256, initialization="reference", **INIT_FIELDS)
     model = TwoTowerForMaskedLM(config)
-    elmo = model.model.elmo_towers
+    elmo = model.model.towers
     assert_uniform(model.model.embed_tokens.weight, 0.02)  # model.py:508
     assert_ones_and_zeros(elmo.forward_norm)
     assert_ones_and_zeros(elmo.backward_norm)
@@ -402,9 +402,9 @@ def test_normal_initialisation_is_n_0_002_for_every_weight_and_is_the_default():
     model = TwoTowerForCausalLM(TwoTowerConfig(**INIT_FIELDS))
     assert model.config.initialization == "normal" and TwoTowerConfig.from_preset("tiny").initialization == "normal"
     towers = model.model
-    for weight in (towers.embed_tokens.weight, towers.embed_positions.weight, towers.tower_proj.weight):
+    for weight in (towers.embed_tokens.weight, towers.embeddings.embed_positions.weight, towers.embeddings.tower_proj.weight):
         assert_normal(weight, 0.02)
-    for layer in towers.layers:
+    for layer in towers.towers.layers:
         for projection in (layer.self_attn.o_proj, layer.mlp.up_proj, layer.mlp.down_proj):
             assert_normal(projection.weight, 0.02)
             assert torch.count_nonzero(projection.bias) == 0

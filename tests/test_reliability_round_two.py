@@ -80,7 +80,7 @@ def edited_copy(model_dir, folder, **fields):
 
 # field edited in config.json: (edited value, a tensor it sizes, that tensor's saved shape, its shape per the config)
 EDITS = {
-    "num_towers": (3, "model.layers.0.input_layernorm.bias", [2, 64], [3, 64]),
+    "num_towers": (3, "model.embeddings.tower_proj.bias", [2, 64], [3, 64]),
     "vocab_size": (128, "lm_head.decoder.bias", [VOCAB_SIZE], [128]),
 }
 
@@ -233,7 +233,7 @@ def test_non_finite_weights_are_named_in_a_warning_when_loaded(model_dir, tmp_pa
     folder = tmp_path / "diverged"
     shutil.copytree(model_dir, folder)
     weights = load_file(folder / "model.safetensors")
-    diverged = ["model.layers.1.mlp.down_proj.weight", "probes.decoder.bias"]
+    diverged = ["model.towers.layers.1.mlp.down_proj.weight", "probes.decoder.bias"]
     weights[diverged[0]][0, 0, 0] = float("nan")
     weights[diverged[1]][1, 5] = float("inf")
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})

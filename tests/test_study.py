@@ -27,7 +27,7 @@ from twotower.evaluation.tower_preference.replica_preference import compute_pref
 from twotower.training.arguments import load_config
 from twotower.training.data import collate_blocks
 from twotower.training.loading import load_two_tower, read_training_config
-from twotower.training.run_folder import read_eval_history
+from twotower.training.run_folder import checkpoints_written, read_eval_history
 from twotower.training.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
@@ -307,6 +307,17 @@ def test_compute_time_counts_each_run_once_over_its_texts(micro_study):
     summaries[2]["pretrain"]["seconds"] = None  # a phase reused from an interrupted run: its time is not known
     assert compute_minutes(summaries)[0] == pytest.approx(sum(seconds[:2]) / 60)
     assert compute_minutes([]) == (None, None)
+
+
+@pytest.mark.parametrize("steps_per_epoch", [1492, 1170, 7, 1])
+def test_long_run_keeps_every_trajectory_checkpoint(steps_per_epoch):
+    # the long recipe: 8 step checkpoints (steps 1,000 to 8,000) beside one per epoch end; the rotation removes the
+    # oldest first, so a limit below what the run writes loses step 1,000, the trajectory's first point
+    study = load_study_config("long")
+    options = study_module.pretrain_options(study, study.runs()[0], {})
+    written = checkpoints_written(0, options["max_train_steps"], options["checkpointing_steps"], steps_per_epoch, True)
+    assert options["checkpointing_steps"] == 1000 and written >= 8
+    assert options["checkpoints_total_limit"] >= written
 
 
 def test_trajectory_models_hold_the_checkpoint_weights(micro_study):

@@ -375,7 +375,7 @@ def test_flops_per_token_counts_every_matmul_weight(architecture):
     def matmul_weights(prefixes):
         return sum(
             param.numel() for name, param in model.named_parameters()
-            if name.startswith(prefixes) and "weight" in name and "embed" not in name and "norm" not in name
+            if name.startswith(prefixes) and "weight" in name and "embed_" not in name and "norm" not in name
         )
 
     tied_decoder = model.lm_head.decoder.weight.numel() if config.cooperative else 0

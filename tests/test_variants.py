@@ -89,7 +89,7 @@ def test_every_family_takes_a_tower_wide_embedding(model_class, fields, tmp_path
 
 def test_masked_lm_towers_are_bidirectional_and_the_loss_is_unshifted():
     model = build(TwoTowerForMaskedLM)
-    assert model.config.bidirectional is True and model.model.layers[0].self_attn.is_causal is False
+    assert model.model.bidirectional is True and model.model.towers.layers[0].self_attn.is_causal is False
     input_ids = random_ids()
     logits = model(input_ids).logits
     later_changed = model(changed_at(input_ids, SEQ - 1)).logits
@@ -143,8 +143,8 @@ def test_bidirectional_lstm_prediction_for_a_position_never_reads_its_own_token(
 @pytest.mark.parametrize("lstm_hidden_size, proj_size", [(20, 16), (16, 0)], ids=["projected", "tower-wide-cells"])
 def test_causal_lstm_reads_only_the_past_and_generates(lstm_hidden_size, proj_size):
     model = build(TwoTowerForCausalLM, tower_type="lstm", lstm_hidden_size=lstm_hidden_size)
-    assert model.config.use_cache is False and len(model.model.lstm_towers.forward_lstms) == 2
-    assert model.model.lstm_towers.forward_lstms[0].proj_size == proj_size  # cells as wide as the tower: none
+    assert model.config.use_cache is False and len(model.model.towers.forward_lstms) == 2
+    assert model.model.towers.forward_lstms[0].proj_size == proj_size  # cells as wide as the tower: none
     input_ids = random_ids()
     logits = model(input_ids).logits
     changed = model(changed_at(input_ids, 5)).logits
@@ -165,7 +165,7 @@ def test_control_towers_share_nothing_after_the_embedding(model_class, layout):
     input_ids = random_ids()
     before = model.probe_features(input_ids)
     with torch.no_grad():
-        model.model.layers[-1].mlp.down_proj.bias[1] += 1.0
+        model.model.towers.layers[-1].mlp.down_proj.bias[1] += 1.0
     after = model.probe_features(input_ids)
     torch.testing.assert_close(after[0], before[0], rtol=0, atol=0)
     assert not torch.allclose(after[1], before[1])

@@ -281,12 +281,13 @@ def test_options_that_do_not_fit_a_family_fail_clearly(pipeline_run, corpus, sha
 
 
 def test_flops_per_token_counts_both_lstm_stacks_of_the_elmo_towers():
-    config = TwoTowerConfig.from_preset("tiny", vocab_size=320, tower_type="lstm", lstm_hidden_size=96)
+    # bidirectional as the training command saves it: the config alone does not name the model class
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=320, tower_type="lstm", lstm_hidden_size=96, bidirectional=True)
     model = TwoTowerForMaskedLM(config)
     # Independently: every matmul weight a token goes through (forward and backward stacks, context projections,
     # fusion head, tied decoder once as lm_head); embedding lookups are free.
     trained = sum(
         param.numel() for name, param in model.named_parameters()
-        if name.startswith(("model.", "lm_head.")) and "weight" in name and "embed" not in name and "norm" not in name
+        if name.startswith(("model.", "lm_head.")) and "weight" in name and "embed_" not in name and "norm" not in name
     ) + model.lm_head.decoder.weight.numel()  # fmt: skip
     assert flops_per_token(config, 128, "pretrain") == 6 * trained

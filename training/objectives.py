@@ -19,11 +19,16 @@ ARCHITECTURES = {"causal": "TwoTowerForCausalLM", "masked": "TwoTowerForMaskedLM
 AUTO_CLASSES = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM}
 
 
-def objective_of(model_config) -> str:
+def objective_of(model_or_config) -> str:
     """
-    `causal` or `masked`, for a two-tower config (or its config.json dict): from the class it was saved by
-    (`architectures`), else from `bidirectional`, which the model class sets (masked LMs have bidirectional towers).
+    `causal` or `masked`, for a two-tower model (its class) or config (or config.json dict): from the class it was
+    saved by (`architectures`), else from `bidirectional` (masked LMs have bidirectional towers).
     """
+    class_names = {cls.__name__ for cls in type(model_or_config).__mro__}  # also the Hub code's classes
+    for objective, architecture in ARCHITECTURES.items():
+        if architecture in class_names:
+            return objective
+    model_config = getattr(model_or_config, "config", model_or_config)
     fields = model_config if isinstance(model_config, dict) else model_config.to_dict()
     for objective, architecture in ARCHITECTURES.items():
         if architecture in (fields.get("architectures") or []):

@@ -21,7 +21,7 @@ def weight_decay_groups(module: nn.Module, weight_decay: float, exclude: str = "
     decay, no_decay, seen = [], [], set()
     for module_name, submodule in module.named_modules():
         is_norm = "norm" in module_name.rsplit(".", 1)[-1].lower()
-        in_tower_layer = ".layers." in f".{module_name}."  # model.layers.<depth>...: the towers' transformer layers
+        in_tower_layer = ".layers." in f".{module_name}."  # model.towers.layers.<depth>...: the towers' transformer layers
         for name, param in submodule.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:  # tied weights appear under two modules
                 continue

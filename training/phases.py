@@ -138,16 +138,17 @@ class PretrainPhase(TrainingPhase):
     # Building the run
     def build_model(self, model_config: TwoTowerConfig, tokenizer, objective: str):
         """A new model whose vocabulary is the tokenizer's, padded to a multiple of 64."""
-        config = self.config
+        config, model_class = self.config, MODEL_CLASSES[objective]
         model_config = TwoTowerConfig.from_preset(
             config.model_preset,
             vocab_size=padded_vocab_size(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
+            bidirectional=model_class.towers_bidirectional,  # saved, so that the folder names its objective
             **config.model_overrides(),
         )
-        model = MODEL_CLASSES[objective](model_config)
+        model = model_class(model_config)
         if config.gradient_checkpointing:
             model.activation_checkpointing_enable()
         return model

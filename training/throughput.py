@@ -53,7 +53,8 @@ def flops_per_token(config, block_size: int, phase: str) -> float:
     free; the tied decoder is counted through lm_head (the independent-towers control has one untied head per
     tower instead of the fusion head). In the probe phase the frozen towers ran once, before training, to cache
     their features, so a step trains only the probes: 6 per weight of every probe (each replica of each tower),
-    per cached position.
+    per cached position. LSTM towers count a backward stack where `config.bidirectional` is set (the training
+    command saves it in every model's config).
     """
     if phase == "probe":
         return 6 * _probe_shaped_weights(config, config.num_probes, config.probe_type)

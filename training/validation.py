@@ -25,7 +25,7 @@ def evaluate_blocks(accelerator, model, eval_dataloader) -> dict:
     the padding samples of the last batch).
     """
     model.eval()
-    objective = objective_of(accelerator.unwrap_model(model).config)
+    objective = objective_of(accelerator.unwrap_model(model))
     totals = None
     for batch in eval_dataloader:
         targets = prediction_targets(batch["labels"], objective)  # [batch, seq - shift]
