@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from transformers.conversion_mapping import get_model_conversion_mapping
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM, TwoTowerModel
+from conftest import tiny_two_tower
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM, TwoTowerModel
 from modeling_twotower.heads import TwoTowerFusionHead, TwoTowerIndependentHeads
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -24,9 +25,7 @@ BATCH, SEQ, VOCAB = 3, 7, 61
 
 
 def tiny_model(model_class=TwoTowerForCausalLM, **kwargs):
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=VOCAB, hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37)
-    return model_class(TwoTowerConfig(**sizes, **kwargs)).eval()
+    return tiny_two_tower(model_class, vocab_size=VOCAB, **kwargs)
 
 
 def outputs_on_the_fixed_input(model, expected):

@@ -4,24 +4,15 @@ sequences in one row, told apart by position_ids that restart at 0, give each se
 import pytest
 import torch
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from conftest import tiny_two_tower
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 
-VOCAB, HIDDEN, LAYERS, HEADS, FFN, MAX_POSITIONS = 61, 12, 2, 3, 37, 8
+VOCAB, HIDDEN, MAX_POSITIONS = 61, 12, 8  # the other sizes: conftest.TINY_SIZES
 LENGTHS = (3, 5, 2)  # one row of 10 tokens, longer than MAX_POSITIONS: only positions must fit
 
 
 def tiny_model(model_class, **kwargs):
-    torch.manual_seed(0)
-    config = TwoTowerConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        max_position_embeddings=MAX_POSITIONS,
-        **kwargs,
-    )
-    return model_class(config).eval()
+    return tiny_two_tower(model_class, vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, **kwargs)
 
 
 def packed_row(lengths=LENGTHS, seed=1):
