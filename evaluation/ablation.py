@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
 
+from .cross_fitting import pooled_pearson
 from .tower_preference.preference_stats import PreferenceAccumulator
 
 
@@ -86,8 +87,7 @@ def ablation_summary(ablation, probe_result, mean_increase_nats: list[float]) ->
     # each tower's preference centered over the types, then all towers together (two towers: Pearson's r of tower 0's)
     probe, ablated = (values[:, eligible] - values[:, eligible].mean(axis=1, keepdims=True)
                       for values in (probe_result.preference_nats, ablation.preference_nats))
-    norm = np.sqrt((probe**2).sum() * (ablated**2).sum())
-    correlation = float((probe * ablated).sum() / norm) if eligible.sum() >= 3 and norm > 0 else None
+    correlation = pooled_pearson(probe, ablated) if eligible.sum() >= 3 else None
     keys = ("num_significant", "significant_share", "split_half_consistency", "num_eligible_types")
     return {
         "mean_increase_nats": mean_increase_nats,

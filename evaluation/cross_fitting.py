@@ -45,7 +45,8 @@ def replica_groups(replicas_per_tower: int) -> list[list[int]]:
     return [list(range(split)), list(range(split, replicas_per_tower))]
 
 
-def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+def pooled_pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Pearson's r over every entry of two arrays of one shape (types x towers), or None where one is constant."""
     x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
     norm = np.sqrt((x @ x) * (y @ y))
     return None if norm == 0 else float(x @ y / norm)
@@ -116,9 +117,9 @@ class CrossFittedPreference:
         group_a, group_b = summary["replica_groups"]
         a1, a2, b1, b2 = (self._preference(half, group, eligible)
                           for group in (group_a, group_b) for half in range(NUM_HALVES))
-        summary["cross_fitted_r"] = _mean([_pearson(a1, b2), _pearson(b1, a2)])
-        summary["same_probes_other_text_r"] = _mean([_pearson(a1, a2), _pearson(b1, b2)])
-        summary["other_probes_same_text_r"] = _mean([_pearson(a1, b1), _pearson(a2, b2)])
+        summary["cross_fitted_r"] = _mean([pooled_pearson(a1, b2), pooled_pearson(b1, a2)])
+        summary["same_probes_other_text_r"] = _mean([pooled_pearson(a1, a2), pooled_pearson(b1, b2)])
+        summary["other_probes_same_text_r"] = _mean([pooled_pearson(a1, b1), pooled_pearson(a2, b2)])
         return summary
 
 

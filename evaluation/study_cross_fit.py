@@ -21,11 +21,9 @@ from modeling_twotower.configuration_twotower import PRESETS
 from twotower.training.arguments import load_config
 
 from .report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
+from .study_verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
 
-CONFIDENCE = 0.95
 NEAR_ZERO_R = 0.1  # a cross-fitted r whose interval stays below this is "near 0": no reproducible preference
-BOOTSTRAP_RESAMPLES = 2000  # of token types, for the ablation agreement of one run
-BOOTSTRAP_SEED = 0
 CROSS_FIT_KEYS = ("cross_fitted_r", "same_probes_other_text_r", "other_probes_same_text_r")
 
 
@@ -36,9 +34,8 @@ def t_interval(values) -> dict:
         return {"value": None, "ci": None, "n": 0}
     if values.size == 1:
         return {"value": float(values[0]), "ci": None, "n": 1}
-    half = stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * values.std(ddof=1) / np.sqrt(values.size)
-    return {"value": float(values.mean()), "ci": [float(values.mean() - half), float(values.mean() + half)],
-            "n": int(values.size)}
+    low, high = stats.t.interval(CONFIDENCE, values.size - 1, loc=values.mean(), scale=stats.sem(values))
+    return {"value": float(values.mean()), "ci": [float(low), float(high)], "n": int(values.size)}
 
 
 def ablation_agreement(score_folder, rng) -> dict | None:
@@ -52,9 +49,7 @@ def ablation_agreement(score_folder, rng) -> dict | None:
     ablation = tower_columns(eligible, "ablation_preference_nats")[0]
     draws = rng.integers(0, probe.size, (BOOTSTRAP_RESAMPLES, probe.size))
     resampled = [np.corrcoef(probe[draw], ablation[draw])[0, 1] for draw in draws]
-    low, high = np.quantile(resampled, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return {"r": float(np.corrcoef(probe, ablation)[0, 1]), "ci": [float(low), float(high)],
-            "num_types": int(probe.size)}
+    return {"r": float(np.corrcoef(probe, ablation)[0, 1]), "ci": interval(resampled), "num_types": int(probe.size)}
 
 
 def run_figures(score_folder, rng) -> dict:

@@ -13,7 +13,8 @@ import math
 
 import pandas as pd
 
-from .study_verdicts import NEAR_ZERO_RELIABILITY
+from .study_cross_fit import controls_of
+from .study_verdicts import difference_conclusion
 
 
 def _point_figures(point: dict, text: str) -> dict | None:
@@ -41,15 +42,10 @@ def difference_interval(first: dict, second: dict) -> tuple[float, list[float]] 
 
 
 def point_conclusion(difference_ci, control_ci) -> str:
-    """The study's words for one trajectory point (see study_verdicts.conclusion; no floor test here)."""
+    """The study's words for one trajectory point (study_verdicts' rule; no floor test here)."""
     if difference_ci is None:
         return "n/a"
-    if difference_ci[0] > 0:
-        return ("emerges from cooperation" if control_ci[1] < NEAR_ZERO_RELIABILITY
-                else "more reliable with cooperation")
-    if difference_ci[1] < 0:
-        return "weaker with cooperation"
-    return "no difference shown"
+    return difference_conclusion(difference_ci, control_ci) or "no difference shown"
 
 
 def long_run_rows(summaries: list[dict], text: str, study) -> list[dict]:
@@ -57,7 +53,7 @@ def long_run_rows(summaries: list[dict], text: str, study) -> list[dict]:
     runs = {(summary["run"]["family"], summary["run"]["seed"]): summary for summary in summaries}
     rows = []
     for (family, seed), summary in sorted(runs.items()):
-        control = next((name for name, spec in study.families.items() if spec.control_of == family), None)
+        control = next(iter(controls_of(study, family)), None)
         if study.families[family].control_of is not None or (control, seed) not in runs:
             continue
         control_points = {point["step"]: point for point in runs[(control, seed)]["trajectory"]}

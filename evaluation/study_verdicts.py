@@ -213,6 +213,18 @@ def family_verdict(runs: list[RunTypes], control_runs: list[RunTypes]) -> dict:
     return verdict
 
 
+def difference_conclusion(difference_ci, control_reliability_ci) -> str | None:
+    """The words a reliability difference's interval allows, or None when it holds 0."""
+    low, high = difference_ci
+    if low > 0:
+        if control_reliability_ci[1] < NEAR_ZERO_RELIABILITY:
+            return "emerges from cooperation"
+        return "more reliable with cooperation"
+    if high < 0:
+        return "weaker with cooperation"
+    return None
+
+
 def conclusion(verdict: dict) -> str:
     """
     What the intervals allow one to say: "not there" (the preference's interval over the floor holds 0), "no
@@ -226,13 +238,9 @@ def conclusion(verdict: dict) -> str:
         return "not there"
     if verdict["difference_ci"] is None:
         return "no control"
-    low, high = verdict["difference_ci"]
-    if low > 0:
-        if verdict["control_reliability_ci"][1] < NEAR_ZERO_RELIABILITY:
-            return "emerges from cooperation"
-        return "more reliable with cooperation"
-    if high < 0:
-        return "weaker with cooperation"
+    words = difference_conclusion(verdict["difference_ci"], verdict.get("control_reliability_ci"))
+    if words is not None:
+        return words
     if verdict["control_preference_over_floor_ci"][0] > 0:
         return "exists without cooperation"
     return "undecided"
