@@ -34,8 +34,10 @@ def t_interval(values) -> dict:
         return {"value": None, "ci": None, "n": 0}
     if values.size == 1:
         return {"value": float(values[0]), "ci": None, "n": 1}
-    low, high = stats.t.interval(CONFIDENCE, values.size - 1, loc=values.mean(), scale=stats.sem(values))
-    return {"value": float(values.mean()), "ci": [float(low), float(high)], "n": int(values.size)}
+    # the half-width by hand: scipy's t.interval gives NaN for seeds that agree exactly (a zero scale)
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, values.size - 1) * stats.sem(values)
+    return {"value": float(values.mean()), "ci": [float(values.mean() - half), float(values.mean() + half)],
+            "n": int(values.size)}
 
 
 def ablation_agreement(score_folder, rng) -> dict | None:

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from twotower.evaluation.study_config import StudyConfig
-from twotower.evaluation.study_cross_fit import cross_fit_verdicts, size_grid_rows
+from twotower.evaluation.study_cross_fit import cross_fit_verdicts, size_grid_rows, t_interval
 from twotower.evaluation.study_long_run import difference_interval, long_run_rows, long_run_table
 
 TEXT = "wiki"
@@ -116,3 +116,14 @@ def test_the_size_grid_pairs_each_family_with_each_control_by_seed(tmp_path):
     verdict = cross_fit_verdicts(summaries, tmp_path, TEXT, study)["causal"]
     assert verdict["control_family"] == "shared" and list(verdict["other_controls"]) == ["separate"]
     assert verdict["other_controls"]["separate"]["difference"]["value"] == pytest.approx(np.mean(differences))
+
+
+def test_the_t_interval_over_seeds():
+    values = [0.3, 0.5, 0.4]
+    half = stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / math.sqrt(3)
+    result = t_interval([*values, None])  # a seed without the figure is left out
+    assert result["n"] == 3 and result["value"] == pytest.approx(0.4)
+    assert result["ci"] == pytest.approx([0.4 - half, 0.4 + half])
+    # seeds that agree exactly: an interval of width 0, not NaN
+    assert t_interval([0.25, 0.25])["ci"] == [0.25, 0.25]
+    assert t_interval([0.7]) == {"value": 0.7, "ci": None, "n": 1}
