@@ -22,12 +22,13 @@ import numpy as np
 from twotower.evaluation.report import eligible_preferences, load_report
 from twotower.evaluation.score import score_model
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
+from twotower.evaluation.tower_preference.summary import summary_keys
 from twotower.training.arguments import load_config
 from twotower.training.checkpointing import FINAL_MODEL_DIR
 from twotower.training.run_folder import continuation_options
 from twotower.training.train import training_function
 
-SUMMARY_KEYS = (
+SUMMARY_KEYS = summary_keys(
     "same_tower_floor_nats",
     "two_tower_difference_nats",
     "reliability",

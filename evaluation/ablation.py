@@ -19,6 +19,13 @@ from twotower.training.objectives import objective_of, predicting_positions, pre
 
 from .cross_fitting import pooled_pearson
 from .tower_preference.preference_stats import PreferenceAccumulator
+from .tower_preference.summary import summary_keys
+
+
+# what preference.json keeps of the ablation preference's own summary
+ABLATION_SUMMARY_FIELDS = summary_keys(
+    "num_significant", "significant_share", "split_half_consistency", "num_eligible_types"
+)
 
 
 def joint_nll(model, scored_features: torch.Tensor, scored_targets: torch.LongTensor) -> torch.Tensor:
@@ -88,9 +95,8 @@ def ablation_summary(ablation, probe_result, mean_increase_nats: list[float]) ->
     probe, ablated = (values[:, eligible] - values[:, eligible].mean(axis=1, keepdims=True)
                       for values in (probe_result.preference_nats, ablation.preference_nats))
     correlation = pooled_pearson(probe, ablated) if eligible.sum() >= 3 else None
-    keys = ("num_significant", "significant_share", "split_half_consistency", "num_eligible_types")
     return {
         "mean_increase_nats": mean_increase_nats,
-        **{key: ablation.summary[key] for key in keys},
+        **{key: ablation.summary[key] for key in ABLATION_SUMMARY_FIELDS},
         "correlation_with_probe_preference": correlation,
     }

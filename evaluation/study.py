@@ -61,6 +61,7 @@ from .score import score_model
 from .study_config import StudyConfig, StudyRun, load_study_config
 from .study_report import STUDY_JSON, summary_lines, write_study_report
 from .study_verdicts import unigram_cross_entropy
+from .tower_preference.summary import summary_keys
 
 
 RUN_SUMMARY = "run.json"
@@ -72,7 +73,7 @@ QUIET = {"report_to": "none", "disable_tqdm": True}
 TRAIN_RESULT = "train_result.json"
 PHASE_RESULT_FIELDS = ("eval_metrics", "completed_steps", "best_step", "stopped_early")
 # the summary keys of each text's preference.json that run.json keeps (their meaning: the scoring command's)
-SUMMARY_FIELDS = (
+SUMMARY_FIELDS = summary_keys(
     "reliability",
     "reliability_ci",
     "reliability_single_probe",
@@ -144,14 +145,14 @@ def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_token
 
 def text_figures(report: dict, seconds: float | None) -> dict:
     """What run.json keeps of one text's report: the replica-level figures, perplexities and the scoring time."""
-    summary = report["summary"]
-    if summary.get("test") != "replica":
+    preference_summary = report["summary"]
+    if preference_summary.get("test") != "replica":
         raise TwoTowerUserError(
             f"{report['model']['path']} has {report['model'].get('probe_replicas', 1)} probe per tower, so its "
             "report has no replica-level test; the probe run must train `probe_replicas` >= 2 probes per tower."
         )
     return {
-        **{key: summary[key] for key in SUMMARY_FIELDS},
+        **{key: preference_summary[key] for key in SUMMARY_FIELDS},
         "perplexity": report["perplexity"],  # joint, probes (per tower), probe_replicas (per replica per tower)
         "num_blocks": report["data"]["num_blocks"],
         "num_predictions": report["data"]["num_predictions"],

@@ -23,6 +23,7 @@ Layout of the report folder:
     convergence/RUN.json    each convergence run's validation curve
 """
 
+import dataclasses
 import json
 import os
 import platform
@@ -327,35 +328,75 @@ def verdict_rows(verdicts):
     ])
 
 
-def write_study_report(summaries, runs_dir, report_dir, command, study, convergence=None, unigram_entropy=None):
-    """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
-    report_dir.mkdir(parents=True, exist_ok=True)
+@dataclasses.dataclass
+class StudyAnalysis:
+    """Every figure and table of the document, computed once from the finished runs."""
+
+    primary_text: str  # the first evaluation text: the document's tables and plots
+    rows: list  # run_rows
+    trajectory: list  # trajectory_rows on the primary text
+    verdicts_by_text: dict  # text -> family -> verdict
+    cross_fit_by_text: dict  # text -> family -> cross-fitted verdict
+    long_run: list
+    size_grid: list
+    checks: list  # convergence checks
+    categories: dict  # (family, num_towers) -> run -> grouping -> table
+    recurrence: list
+    top_types: dict
+    num_runs: int
+    total_minutes: float
+    longest_run_minutes: float
+
+    @property
+    def verdicts(self):
+        return self.verdicts_by_text[self.primary_text]
+
+    @property
+    def cross_fit(self):
+        return self.cross_fit_by_text[self.primary_text]
+
+
+def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=None) -> StudyAnalysis:
+    """The verdicts (on every text, with the model quality of each arm), the cross-fitted verdicts, the long-run
+    rows, the size grid, the convergence checks and the token categories of the finished runs."""
     primary = next(iter(study.eval_texts))
-    rows = run_rows(summaries)
-    frame = pd.DataFrame(rows)
     trajectory = trajectory_rows(summaries, primary)
     verdicts_by_text = {text: text_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
     for text, by_family in verdicts_by_text.items():
         for family, verdict in by_family.items():
             verdict |= family_quality(summaries, family, verdict["control"], text, unigram_entropy)
-    verdicts = verdicts_by_text[primary]
-    for family, verdict in verdicts.items():
+    for family, verdict in verdicts_by_text[primary].items():
         verdict["matched_quality"] = matched_quality(trajectory, family, verdict["control"])
-    checks = convergence_checks(summaries, convergence)
     categories = category_rows(summaries, runs_dir, primary)
-    recurrence = category_recurrence(categories)
-    family_names = [family for family, _ in categories]
-    plot_noise_floor(frame, report_dir / "noise_floor.png")
-    plot_trajectory(trajectory, study, report_dir / "trajectory.png")
-    if checks:
-        plot_convergence(checks, report_dir / "convergence.png")
     total_minutes, longest_run_minutes = compute_minutes(summaries)
-    preferred = top_types(runs_dir, summaries, primary)
-    cross_fit_by_text = {text: cross_fit_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
-    cross_fit = cross_fit_by_text[primary]
-    long_run = long_run_rows(summaries, primary, study) if study.long_run else []
-    size_grid = size_grid_rows(summaries, runs_dir, primary, study)
-    document = render_template(
+    return StudyAnalysis(
+        primary_text=primary,
+        rows=run_rows(summaries),
+        trajectory=trajectory,
+        verdicts_by_text=verdicts_by_text,
+        cross_fit_by_text={text: cross_fit_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts},
+        long_run=long_run_rows(summaries, primary, study) if study.long_run else [],
+        size_grid=size_grid_rows(summaries, runs_dir, primary, study),
+        checks=convergence_checks(summaries, convergence),
+        categories=categories,
+        recurrence=category_recurrence(categories),
+        top_types=top_types(runs_dir, summaries, primary),
+        num_runs=len(summaries),
+        total_minutes=total_minutes,
+        longest_run_minutes=longest_run_minutes,
+    )
+
+
+def study_document(analysis: StudyAnalysis, command, study, report_dir) -> str:
+    """STUDY.md from the template; draws the plots it shows into report_dir."""
+    frame = pd.DataFrame(analysis.rows)
+    plot_noise_floor(frame, report_dir / "noise_floor.png")
+    plot_trajectory(analysis.trajectory, study, report_dir / "trajectory.png")
+    if analysis.checks:
+        plot_convergence(analysis.checks, report_dir / "convergence.png")
+    verdicts, cross_fit, primary = analysis.verdicts, analysis.cross_fit, analysis.primary_text
+    family_names = [family for family, _ in analysis.categories]
+    return render_template(
         STUDY_TEMPLATE,
         command=command,
         machine=machine_description(),
@@ -366,49 +407,63 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
         summary_lines=summary_lines(verdicts),
         cross_fit_lines=cross_fit_summary_lines(cross_fit),
         cross_fit_verdicts=cross_fit,
-        cross_fit_other_texts={text: cross_fit_summary_lines(by_family) for text, by_family in cross_fit_by_text.items()
+        cross_fit_other_texts={text: cross_fit_summary_lines(by_family)
+                               for text, by_family in analysis.cross_fit_by_text.items()
                                if text != primary and by_family},
         cross_fit_table=markdown_table(cross_fit_table(cross_fit)) if cross_fit else None,
         cross_fit_groups=replica_groups(study.probe["probe_replicas"]),
         near_zero_r=NEAR_ZERO_R,
-        long_run=long_run,
-        size_grid_table=markdown_table(size_grid_table(size_grid)) if len(size_grid) > 1 else None,
-        long_run_table=markdown_table(long_run_table(long_run)) if long_run else None,
+        long_run=analysis.long_run,
+        size_grid_table=markdown_table(size_grid_table(analysis.size_grid)) if len(analysis.size_grid) > 1 else None,
+        long_run_table=markdown_table(long_run_table(analysis.long_run)) if analysis.long_run else None,
         verdicts_table=markdown_table(verdict_rows(verdicts)),
-        other_texts={text: markdown_table(verdict_rows(by_family)) for text, by_family in verdicts_by_text.items()
-                     if text != primary and by_family},
-        checks=checks,
+        other_texts={text: markdown_table(verdict_rows(by_family))
+                     for text, by_family in analysis.verdicts_by_text.items() if text != primary and by_family},
+        checks=analysis.checks,
         convergence_tolerance=CONVERGENCE_TOLERANCE,
         null_permutations=NULL_PERMUTATIONS,
         masked_margin=MASKED_MARGIN_NATS,
-        trajectory_table=markdown_table(trajectory_table(trajectory)),
-        num_runs=len(summaries),
-        total_minutes=total_minutes,
-        longest_run_minutes=longest_run_minutes,
+        trajectory_table=markdown_table(trajectory_table(analysis.trajectory)),
+        num_runs=analysis.num_runs,
+        total_minutes=analysis.total_minutes,
+        longest_run_minutes=analysis.longest_run_minutes,
         runs_table=markdown_table(runs_table(frame)),
-        categories=category_sections(categories, report_dir, primary),
-        recurrence_table=markdown_table(recurrence_table(recurrence, family_names)) if recurrence else None,
-        top_types=preferred,
+        categories=category_sections(analysis.categories, report_dir, primary),
+        recurrence_table=(markdown_table(recurrence_table(analysis.recurrence, family_names))
+                          if analysis.recurrence else None),
+        top_types=analysis.top_types,
     )
-    results = {
+
+
+def study_results(analysis: StudyAnalysis, command) -> dict:
+    """study.json: every number of the document (the bootstrap replicates left out)."""
+    return {
         "command": command,
-        "verdicts": _without_bootstrap_values(verdicts),
-        "cross_fit_verdicts": cross_fit,
-        "cross_fit_verdicts_by_text": cross_fit_by_text,
-        "long_run": long_run,
-        "size_grid": size_grid,
-        "verdicts_by_text": {text: _without_bootstrap_values(by_text) for text, by_text in verdicts_by_text.items()},
+        "verdicts": _without_bootstrap_values(analysis.verdicts),
+        "cross_fit_verdicts": analysis.cross_fit,
+        "cross_fit_verdicts_by_text": analysis.cross_fit_by_text,
+        "long_run": analysis.long_run,
+        "size_grid": analysis.size_grid,
+        "verdicts_by_text": {text: _without_bootstrap_values(by_text)
+                             for text, by_text in analysis.verdicts_by_text.items()},
         "convergence": [{key: value for key, value in check.items() if key not in ("history", "long_history")}
-                        for check in checks],
-        "trajectory": trajectory,
-        "runs": rows,
+                        for check in analysis.checks],
+        "trajectory": analysis.trajectory,
+        "runs": analysis.rows,
         "categories": {f"{family}-t{num_towers}": {
             run: {grouping: frame.to_dict("records") for grouping, frame in per_run.items()}
-            for run, per_run in per_seed.items()} for (family, num_towers), per_seed in categories.items()},
-        "category_recurrence": recurrence,
-        "top_types": preferred,
+            for run, per_run in per_seed.items()} for (family, num_towers), per_seed in analysis.categories.items()},
+        "category_recurrence": analysis.recurrence,
+        "top_types": analysis.top_types,
     }
-    write_text_atomically(report_dir / STUDY_JSON, json.dumps(results, indent=2) + "\n")
+
+
+def write_study_report(summaries, runs_dir, report_dir, command, study, convergence=None, unigram_entropy=None):
+    """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    analysis = analyse_runs(summaries, runs_dir, study, convergence, unigram_entropy)
+    document = study_document(analysis, command, study, report_dir)
+    write_text_atomically(report_dir / STUDY_JSON, json.dumps(study_results(analysis, command), indent=2) + "\n")
     written = write_text_atomically(report_dir / STUDY_MD, document)
     remove_stale_plots(report_dir, document)
     return written

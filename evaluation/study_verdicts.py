@@ -49,16 +49,16 @@ class RunTypes:
         return len(self.token_ids)
 
 
-def replica_sampling_variance(table, summary, center=False) -> np.ndarray:
+def replica_sampling_variance(table, preference_summary, center=False) -> np.ndarray:
     """
     [towers, types] the replica-level sampling variance of each type's preference, the one the scoring command's
     `reliability` uses: over the K paired probe runs, the variance of each run's tower contrast, divided by K. With
     `center` each probe's mean log-probability over all predictions (every type of the table, weighted by its count)
     is first taken away, as the scoring command does for centered preferences.
     """
-    towers = np.asarray(summary["probe_towers"])
-    num_towers, replicas = towers.max() + 1, summary["replicas_per_tower"]
-    if not summary["paired"] or len(set(replicas)) != 1:
+    towers = np.asarray(preference_summary["probe_towers"])
+    num_towers, replicas = towers.max() + 1, preference_summary["replicas_per_tower"]
+    if not preference_summary["paired"] or len(set(replicas)) != 1:
         raise ValueError("the study's verdicts need paired probe replicas (the same K per tower, one data order each)")
     logprob = numbered_columns(table, "probe_mean_logprob_probe")  # [probes, types]
     if center:

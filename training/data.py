@@ -162,6 +162,49 @@ def sentence_pair_blocks(token_ids: list[int], block_size: int, end_ids: set, cl
     return blocks
 
 
+def tokenize_lines(examples, tokenizer, text_column_name, document_column):
+    # No [CLS]/[SEP] around every line: the text is one running stream (sentence pairs add their own). Lines longer
+    # than the model's positions are expected (blocks are cut afterwards): no warning about them.
+    ids = tokenizer(examples[text_column_name], add_special_tokens=False, verbose=False)["input_ids"]
+    if document_column is None:
+        return {"input_ids": ids}
+    return {"input_ids": ids, document_column: examples[document_column]}
+
+
+def group_contiguous(examples, block_size, document_column):
+    """The batch's lines as one stream cut into blocks, the remainder dropped; each block keeps the document of the
+    line its first token comes from."""
+    concatenated = list(chain.from_iterable(examples["input_ids"]))
+    total_length = (len(concatenated) // block_size) * block_size
+    blocks = {"input_ids": [concatenated[i : i + block_size] for i in range(0, total_length, block_size)]}
+    if document_column is not None:
+        line_ends = list(accumulate(len(ids) for ids in examples["input_ids"]))
+        lines = [bisect_right(line_ends, start) for start in range(0, total_length, block_size)]
+        blocks[document_column] = [examples[document_column][line] for line in lines]
+    return blocks
+
+
+def group_sentence_pairs(examples, block_size, special):
+    """The batch's stream as sentence-pair blocks (sentence_pair_blocks), padded to block_size."""
+    concatenated = list(chain.from_iterable(examples["input_ids"]))
+    blocks = sentence_pair_blocks(concatenated, block_size, special["ends"], special["cls"], special["sep"])
+    return {
+        "input_ids": [block + [special["pad"]] * (block_size - len(block)) for block in blocks],
+        "attention_mask": [[1] * len(block) + [0] * (block_size - len(block)) for block in blocks],
+    }
+
+
+def check_block_options(column_names, text_column_name, block_format, document_column):
+    if document_column is not None and block_format != "contiguous":
+        raise TwoTowerUserError(f"Blocks keep their document only in the contiguous format, not {block_format!r}.")
+    if text_column_name not in column_names:
+        raise ValueError(
+            f"Column {text_column_name!r} not in the dataset (columns: {column_names}); set `text_column_name`."
+        )
+    if block_format not in BLOCK_FORMATS:
+        raise TwoTowerUserError(f"`block_format` is {block_format!r}; choose one of {list(BLOCK_FORMATS)}.")
+
+
 def tokenize_and_group(
     raw_datasets: DatasetDict,
     tokenizer: PreTrainedTokenizerBase,
@@ -179,57 +222,28 @@ def tokenize_and_group(
     only), each block keeps it: the value of the line its first token comes from.
     """
     column_names = raw_datasets["train"].column_names
-    if document_column is not None and block_format != "contiguous":
-        raise TwoTowerUserError(f"Blocks keep their document only in the contiguous format, not {block_format!r}.")
-    if text_column_name not in column_names:
-        raise ValueError(
-            f"Column {text_column_name!r} not in the dataset (columns: {column_names}); set `text_column_name`."
-        )
-    if block_format not in BLOCK_FORMATS:
-        raise TwoTowerUserError(f"`block_format` is {block_format!r}; choose one of {list(BLOCK_FORMATS)}.")
-    special = sentence_pair_tokens(tokenizer) if block_format == "sentence_pairs" else None
-
-    def tokenize(examples):
-        # No [CLS]/[SEP] around every line: the text is one running stream (sentence pairs add their own). Lines
-        # longer than the model's positions are expected (blocks are cut below): no warning about them.
-        ids = tokenizer(examples[text_column_name], add_special_tokens=False, verbose=False)["input_ids"]
-        if document_column is None:
-            return {"input_ids": ids}
-        return {"input_ids": ids, document_column: examples[document_column]}
-
-    def group_texts(examples):
-        concatenated = list(chain.from_iterable(examples["input_ids"]))
-        total_length = (len(concatenated) // block_size) * block_size
-        blocks = {"input_ids": [concatenated[i : i + block_size] for i in range(0, total_length, block_size)]}
-        if document_column is not None:
-            line_ends = list(accumulate(len(ids) for ids in examples["input_ids"]))
-            lines = [bisect_right(line_ends, start) for start in range(0, total_length, block_size)]
-            blocks[document_column] = [examples[document_column][line] for line in lines]
-        return blocks
-
-    def group_sentence_pairs(examples):
-        concatenated = list(chain.from_iterable(examples["input_ids"]))
-        blocks = sentence_pair_blocks(concatenated, block_size, special["ends"], special["cls"], special["sep"])
-        return {
-            "input_ids": [block + [special["pad"]] * (block_size - len(block)) for block in blocks],
-            "attention_mask": [[1] * len(block) + [0] * (block_size - len(block)) for block in blocks],
-        }
-
+    check_block_options(column_names, text_column_name, block_format, document_column)
+    if block_format == "contiguous":
+        group, options, kind = group_contiguous, {"document_column": document_column}, "blocks"
+    else:  # the tokenizer's special tokens are checked before any tokenizing
+        special = sentence_pair_tokens(tokenizer)
+        group, options, kind = group_sentence_pairs, {"special": special}, "sentence-pair blocks"
     tokenized = raw_datasets.map(
-        tokenize,
+        tokenize_lines,
+        fn_kwargs={"tokenizer": tokenizer, "text_column_name": text_column_name, "document_column": document_column},
         batched=True,
         num_proc=num_proc,
         remove_columns=[name for name in column_names if name != document_column],
         load_from_cache_file=not overwrite_cache,
         desc="Tokenizing",
     )
-    is_contiguous = block_format == "contiguous"
     return tokenized.map(
-        group_texts if is_contiguous else group_sentence_pairs,
+        group,
+        fn_kwargs={"block_size": block_size, **options},
         batched=True,
         num_proc=num_proc,
         load_from_cache_file=not overwrite_cache,
-        desc=f"Grouping into {'blocks' if is_contiguous else 'sentence-pair blocks'} of {block_size}",
+        desc=f"Grouping into {kind} of {block_size}",
     )
 
 

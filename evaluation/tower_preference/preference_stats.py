@@ -42,6 +42,8 @@ import numpy as np
 from scipy import special
 from scipy import stats
 
+from .summary import OccurrenceSummary, ReplicaSummary
+
 
 CHUNK_SIZE = 1 << 16  # predictions aggregated per pass: keeps the sort and bincount working set in cache
 NUM_HALVES = 2  # occurrence i of a token type goes to half i % 2 (split-half consistency)
@@ -182,7 +184,7 @@ class PreferenceResult:
     p_value: np.ndarray  # [types] two-sided t-test of the preferred tower's preference (Bonferroni over towers if > 2)
     eligible: np.ndarray  # [types] bool, count >= min_count (enters shares, significance and consistency)
     significant: np.ndarray  # [types] bool, Benjamini-Hochberg at alpha among eligible types
-    summary: dict = field(default_factory=dict)
+    summary: OccurrenceSummary | ReplicaSummary = field(default_factory=dict)  # keys: summary.py
     probe_mean_logprob: np.ndarray = None  # [probes, types] mean gold log-probability under each probe replica
     occurrence_standard_error: np.ndarray = None  # [towers, types] the occurrence-level test on replica means
     occurrence_p_value: np.ndarray = None  # [types]
@@ -435,8 +437,8 @@ def preferred_tower_test(preference_nats, standard_error, df, eligible, alpha):
     return preferred_tower, p_value, significant
 
 
-def _summarize(result, half_preference, alpha, min_count, top_k, global_offset, center):
-    """The summary dict of plain Python numbers and lists (see PreferenceResult)."""
+def _summarize(result, half_preference, alpha, min_count, top_k, global_offset, center) -> OccurrenceSummary:
+    """The summary of plain Python numbers and lists (its keys: summary.py)."""
     num_towers = result.preference_nats.shape[0]
     eligible = result.eligible
     preference = result.preference_nats[:, eligible]  # [towers, eligible types]
@@ -459,27 +461,27 @@ def _summarize(result, half_preference, alpha, min_count, top_k, global_offset, 
         top_token_ids.append(result.token_ids[eligible][ranked].tolist())
         top_preference_nats.append(preference[tower_idx, ranked].tolist())
 
-    return {
-        "num_towers": num_towers,
-        "num_predictions": int(result.count.sum()),
-        "num_token_types": int(result.token_ids.shape[0]),
-        "num_eligible_types": num_eligible,
-        "num_excluded_types": int(result.token_ids.shape[0]) - num_eligible,
-        "min_count": int(min_count),
-        "alpha": float(alpha),
-        "global_offset_nats": global_offset.tolist(),
-        "centered": bool(center),
-        "type_share_preferring": [_share(preferred == tower_idx, num_eligible) for tower_idx in range(num_towers)],
-        "occurrence_share_preferring": [
+    return OccurrenceSummary(
+        num_towers=num_towers,
+        num_predictions=int(result.count.sum()),
+        num_token_types=int(result.token_ids.shape[0]),
+        num_eligible_types=num_eligible,
+        num_excluded_types=int(result.token_ids.shape[0]) - num_eligible,
+        min_count=int(min_count),
+        alpha=float(alpha),
+        global_offset_nats=global_offset.tolist(),
+        centered=bool(center),
+        type_share_preferring=[_share(preferred == tower_idx, num_eligible) for tower_idx in range(num_towers)],
+        occurrence_share_preferring=[
             _share(count[preferred == tower_idx].sum(), count.sum()) for tower_idx in range(num_towers)
         ],
-        "mean_abs_preference_nats": float(margin.mean()) if num_eligible else None,
+        mean_abs_preference_nats=float(margin.mean()) if num_eligible else None,
         **significance_summary(result.significant, result.preferred_tower, num_towers, num_eligible),
-        "split_half_consistency": None if None in consistency else float(np.mean(consistency)),
-        "bimodality_coefficient": None if None in bimodality else float(np.mean(bimodality)),
-        "top_token_ids": top_token_ids,
-        "top_preference_nats": top_preference_nats,
-    }
+        split_half_consistency=None if None in consistency else float(np.mean(consistency)),
+        bimodality_coefficient=None if None in bimodality else float(np.mean(bimodality)),
+        top_token_ids=top_token_ids,
+        top_preference_nats=top_preference_nats,
+    )
 
 
 def significance_summary(significant, preferred_tower, num_towers, num_eligible):

@@ -41,6 +41,7 @@ from .preference_stats import (
     validate_predictions,
 )
 from .reliability import finite_or_none, reliability_summary
+from .summary import ReplicaSummary
 
 
 def _check_probe_layout(probe_towers, probe_runs):
@@ -253,11 +254,17 @@ class ReplicaPreferenceAccumulator:
             same_tower_difference_per_type_nats=_pair_differences(compared_logprob, same_tower_pairs),
         )
         sampling_variance = residual_variance * se_factor  # unmoderated: the replicas' own noise
+        result.summary = self._summary(occurrence, result, sampling_variance, prior_df, prior_variance, residual_df)
+        return result
+
+    def _summary(self, occurrence, result, sampling_variance, prior_df, prior_variance, residual_df) -> ReplicaSummary:
+        """The replica-level summary (summary.py) of `result`, around the occurrence-level test's."""
+        eligible = result.eligible
         rows = slice(1) if self.num_towers == 2 else slice(None)  # with two towers row 1 mirrors row 0
-        result.summary = {
+        return {
             "test": "replica",
             **occurrence.summary,
-            **significance_summary(significant, preferred_tower, self.num_towers, int(eligible.sum())),
+            **significance_summary(result.significant, result.preferred_tower, self.num_towers, int(eligible.sum())),
             **{f"occurrence_{key}": occurrence.summary[key] for key in SIGNIFICANCE_KEYS},
             "num_probes": self.num_probes,
             "probe_towers": self.probe_towers.tolist(),
@@ -265,7 +272,7 @@ class ReplicaPreferenceAccumulator:
             "paired": self.probe_runs is not None,
             "replicas_per_tower": self.replicas_per_tower.tolist(),
             **reliability_summary(
-                occurrence.preference_nats[rows][:, eligible], sampling_variance[rows][:, eligible], self.num_replicas
+                result.preference_nats[rows][:, eligible], sampling_variance[rows][:, eligible], self.num_replicas
             ),
             "prior_df": None if math.isinf(prior_df) else float(prior_df),
             "prior_variance": finite_or_none(prior_variance),
@@ -273,7 +280,6 @@ class ReplicaPreferenceAccumulator:
             "two_tower_difference_nats": _mean_or_none(result.two_tower_difference_per_type_nats[eligible]),
             "same_tower_floor_nats": _mean_or_none(result.same_tower_difference_per_type_nats[eligible]),
         }
-        return result
 
 
 def _mean_or_none(values):

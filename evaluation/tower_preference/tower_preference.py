@@ -29,6 +29,7 @@ from .moderation import fit_f_distribution
 from .preference_stats import validate_predictions
 from .reliability import preference_reliability
 from .replica_preference import compute_preference
+from .summary import REPLICA_SUMMARY_KEYS
 
 
 PROBE_PHASE_COMMAND = (
