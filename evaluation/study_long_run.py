@@ -48,22 +48,30 @@ def point_conclusion(difference_ci, control_ci) -> str:
     return difference_conclusion(difference_ci, control_ci) or "no difference shown"
 
 
+PENDING = "control not scored yet"
+NO_FIGURES = dict.fromkeys(("reliability", "cross_fitted_r", "ablation_r", "validation_loss")) | {
+    "reliability_ci": [None, None]
+}
+
+
 def long_run_rows(summaries: list[dict], text: str, study) -> list[dict]:
-    """One row per cooperative family, seed and trajectory step that both arms reached."""
+    """One row per cooperative family, seed and trajectory step; the control's figures are None (and the words
+    PENDING) where the control has not reached that step."""
     runs = {(summary["run"]["family"], summary["run"]["seed"]): summary for summary in summaries}
     rows = []
     for (family, seed), summary in sorted(runs.items()):
-        control = next(iter(controls_of(study, family)), None)
-        if study.families[family].control_of is not None or (control, seed) not in runs:
+        if study.families[family].control_of is not None:
             continue
-        control_points = {point["step"]: point for point in runs[(control, seed)]["trajectory"]}
+        control = next(iter(controls_of(study, family)), None)
+        control_run = runs.get((control, seed), {"trajectory": []})
+        control_points = {point["step"]: point for point in control_run["trajectory"]}
         first_step, previous_loss = summary["trajectory"][0]["step"], None
         for point in summary["trajectory"]:
-            if point["step"] not in control_points:
+            cooperative = _point_figures(point, text)
+            if cooperative is None:
                 continue
-            cooperative, independent = _point_figures(point, text), _point_figures(control_points[point["step"]], text)
-            if cooperative is None or independent is None:
-                continue
+            control_point = control_points.get(point["step"])
+            independent = (control_point and _point_figures(control_point, text)) or NO_FIGURES
             difference, difference_ci = difference_interval(cooperative, independent)
             loss = cooperative["validation_loss"]
             rows.append({
@@ -78,7 +86,8 @@ def long_run_rows(summaries: list[dict], text: str, study) -> list[dict]:
                 "difference": difference, "difference_ci": difference_ci,
                 "cross_fitted_r": cooperative["cross_fitted_r"], "control_cross_fitted_r": independent["cross_fitted_r"],
                 "ablation_r": cooperative["ablation_r"], "control_ablation_r": independent["ablation_r"],
-                "conclusion": point_conclusion(difference_ci, independent["reliability_ci"]),
+                "conclusion": (PENDING if independent is NO_FIGURES
+                               else point_conclusion(difference_ci, independent["reliability_ci"])),
             })
             previous_loss = loss
     return rows

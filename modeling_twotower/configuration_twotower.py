@@ -118,6 +118,8 @@ class TwoTowerConfig(PretrainedConfig):
     model_type = "twotower-pkg"
     keys_to_ignore_at_inference = ["cache"]
 
+    # An explicit __init__, not the dataclass fields of newer transformers configs: transformers 5.0 has no
+    # dataclass configs, and this file runs as Hub code under every transformers 5.x that setup.py allows.
     def __init__(
         self,
         vocab_size: int = 30528,  # bert-base-uncased's 30522, padded up to a multiple of 64

@@ -12,7 +12,7 @@ from scipy import stats
 
 from twotower.evaluation.study_config import StudyConfig
 from twotower.evaluation.study_cross_fit import cross_fit_verdicts, size_grid_rows, t_interval
-from twotower.evaluation.study_long_run import difference_interval, long_run_rows, long_run_table
+from twotower.evaluation.study_long_run import PENDING, difference_interval, long_run_rows, long_run_table
 
 TEXT = "wiki"
 
@@ -61,10 +61,17 @@ def test_each_doubling_gives_its_loss_drop_difference_and_words(study):
     assert table["cross-fitted r"].tolist()[1] == "0.55 / 0.05"
 
 
-def test_a_point_the_control_has_not_reached_is_left_out(study):
+def test_a_point_the_control_has_not_reached_shows_the_cooperative_arm_alone(study):
     summaries = [summary("causal", [point(1000, 5.0, 0.8, [0.7, 0.9], 0.5), point(2000, 4.5, 0.8, [0.7, 0.9], 0.5)]),
                  summary("control", [point(1000, 5.2, 0.3, [0.2, 0.4], 0.2)])]  # fmt: skip
-    assert [row["step"] for row in long_run_rows(summaries, TEXT, study)] == [1000]
+    rows = long_run_rows(summaries, TEXT, study)
+    assert [row["step"] for row in rows] == [1000, 2000]
+    assert rows[1]["relative_drop"] == pytest.approx(0.1) and rows[1]["reliability"] == 0.8
+    assert rows[1]["control_reliability"] is None and rows[1]["difference"] is None
+    assert [row["conclusion"] for row in rows] == ["more reliable with cooperation", PENDING]
+    assert long_run_table(rows)["control reliability"].tolist() == ["0.300 [0.200, 0.400]", "n/a"]
+    # without any control run (still pretraining) every point is the cooperative arm's alone
+    assert [row["conclusion"] for row in long_run_rows(summaries[:1], TEXT, study)] == [PENDING, PENDING]
 
 
 def test_no_interval_without_both_arms_intervals():
