@@ -40,20 +40,12 @@ from matplotlib import pyplot as plt  # noqa: E402
 from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa: E402
 from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
 
+from .report_files import PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML  # noqa: E402
 
-PREFERENCE_JSON = "preference.json"
-PER_TOKEN_CSV = "preference_per_token.csv"
-REPORT_MD = "report.md"
+
 REPORT_TEMPLATE = "report.md.j2"
-TOKEN_VIEW_HTML = "tokens.html"
 TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 STAGING_DIR = ".report.tmp"  # inside the report folder: where a report is written before its files move in
-PLOTS = {
-    "logprob_scatter": "logprob_scatter.png",
-    "preference_histogram": "preference_histogram.png",
-    "preference_vs_frequency": "preference_vs_frequency.png",
-}
-REPLICA_PLOTS = {"preference_vs_floor": "preference_vs_floor.png"}  # only with probe replicas
 TOWER_COLORS = plt.get_cmap("tab10").colors
 PER_TOKEN_COLUMNS = (
     "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "

@@ -28,9 +28,11 @@ from safetensors.torch import load_file, save_file
 from modeling_twotower import TwoTowerForCausalLM
 from twotower.evaluation.publish_metric import MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
 from twotower.evaluation.publish_metric import main as publish_metric_main
+from twotower.evaluation.report_files import PLOTS, REPLICA_PLOTS
 from twotower.evaluation.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
+from twotower.training.model_card import PLOT_CAPTIONS
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.publish import main as publish_main
 from twotower.training.publish import portable, stage_model_repo
@@ -224,10 +226,14 @@ def test_card_metadata_validates_offline_and_holds_the_real_numbers(trained_run,
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     top_token = json.dumps(tokenizer.decode([summary["top_token_ids"][0][0]]), ensure_ascii=False)
     assert f"`{top_token}` ({summary['top_preference_nats'][0][0]:+.2f})" in text
-    for plot in ("logprob_scatter", "preference_histogram", "preference_vs_frequency"):
-        assert f"(evaluation/{plot}.png)" in text
+    for plot, file_name in PLOTS.items():
+        assert f"![{PLOT_CAPTIONS[plot]}](evaluation/{file_name})" in text
     assert 'trust_remote_code=True, revision=revision' in text and "masked-LM" in text
     assert "arXiv:2210.07041" in text and "{{" not in text
+
+
+def test_every_plot_of_a_report_has_a_caption_in_the_card():
+    assert set(PLOT_CAPTIONS) == set(PLOTS) | set(REPLICA_PLOTS)
 
 
 def _blob_name(path: Path) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import AutoTokenizer
 
+from twotower.evaluation.report_files import PREFERENCE_JSON
+
 from .arguments import RESOLVED_CONFIG_NAME
 from .model_folder import check_model_folder, count_parameters, find_pretrain_config, read_yaml, safetensors_files
 from .model_folder import short_path
@@ -20,11 +22,11 @@ from .objectives import AUTO_CLASSES, needs_masking, objective_of
 
 MODEL_CARD_NAME = "model_card.md"
 REPORT_DIR_IN_REPO = "evaluation"
-REPORT_SUMMARY_NAME = "preference.json"
-PLOT_CAPTIONS = {  # the plots of evaluation/report.py; any other PNG of the report is captioned by its name
+PLOT_CAPTIONS = {  # by the report's plot names (report_files.PLOTS, REPLICA_PLOTS); any other PNG: its file name
     "logprob_scatter": "Mean log-probability of each token type under each tower's probe",
     "preference_histogram": "Distribution of the preference over token types",
     "preference_vs_frequency": "Preference against the token type's frequency",
+    "preference_vs_floor": "Difference between two towers' probes against the same-tower floor, per token type",
 }
 TOP_TOKENS_IN_CARD = 10
 TAGS = ["twotower", "two-tower", "tower-preference", "custom_code"]
@@ -156,10 +158,10 @@ def eval_results(
 
 def read_report(report_dir: str | os.PathLike) -> dict:
     """preference.json of a scoring report folder."""
-    summary_file = Path(report_dir) / REPORT_SUMMARY_NAME
+    summary_file = Path(report_dir) / PREFERENCE_JSON
     if not summary_file.is_file():
         raise FileNotFoundError(
-            f"--report_dir {str(report_dir)!r} has no {REPORT_SUMMARY_NAME}; pass the output folder of "
+            f"--report_dir {str(report_dir)!r} has no {PREFERENCE_JSON}; pass the output folder of "
             f"`python -m twotower.evaluation.score`."
         )
     return json.loads(summary_file.read_text(encoding="utf-8"))
