@@ -291,7 +291,7 @@ def matched_quality(trajectory: list[dict], family: str, control: str) -> dict |
     """
     Per seed that both arms ran: the reliability of each arm at the same probe perplexity, the final one of the
     arm whose probes ended worse (both reached it, so the other arm's is interpolated along its trajectory);
-    their differences, mean, and an interval from resampling seeds.
+    their differences, mean, and an interval from resampling seeds (none from one seed: it would have no width).
     """
     by_run = {}
     for row in trajectory:
@@ -310,9 +310,12 @@ def matched_quality(trajectory: list[dict], family: str, control: str) -> dict |
                          "control_reliability": independent, "difference": cooperative - independent,
                          "within_trajectories": inside_a and inside_b})
     differences = np.array([row["difference"] for row in per_seed])
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    resampled = differences[rng.integers(len(differences), size=(BOOTSTRAP_RESAMPLES, len(differences)))].mean(axis=1)
-    return {"per_seed": per_seed, "difference": float(differences.mean()), "difference_ci": interval(resampled)}
+    difference_ci = None
+    if len(differences) > 1:
+        rng = np.random.default_rng(BOOTSTRAP_SEED)
+        draws = rng.integers(len(differences), size=(BOOTSTRAP_RESAMPLES, len(differences)))
+        difference_ci = interval(differences[draws].mean(axis=1))
+    return {"per_seed": per_seed, "difference": float(differences.mean()), "difference_ci": difference_ci}
 
 
 def unigram_cross_entropy(tokenizer, train_file: str, validation_file: str) -> float:

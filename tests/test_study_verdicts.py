@@ -122,6 +122,13 @@ def test_matched_quality_interpolates_in_log_perplexity():
     assert row["reliability"] == pytest.approx(0.5 + weight * 0.2)
     assert row["control_reliability"] == pytest.approx(0.45)
     assert result["difference"] == pytest.approx(row["reliability"] - 0.45)
+    assert result["difference_ci"] is None  # one seed: resampling seeds gives no interval
+    second_seed = [dict(point, seed=1, reliability=point["reliability"] - 0.1 * (point["family"] == "causal"))
+                   for point in trajectory]
+    both = matched_quality(trajectory + second_seed, "causal", "control")
+    assert both["difference"] == pytest.approx(row["reliability"] - 0.45 - 0.05)
+    low, high = both["difference_ci"]
+    assert low == pytest.approx(row["reliability"] - 0.55) and high == pytest.approx(row["reliability"] - 0.45)
     assert at_perplexity(trajectory[:2], 300.0) == (0.5, False)  # outside: the nearest point stands in
     assert matched_quality(trajectory, "causal", "missing") is None
 
