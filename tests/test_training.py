@@ -6,8 +6,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hub
 
 import dataclasses
 import glob
+import inspect
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +38,7 @@ from twotower.training.probe_cache import build_feature_cache
 from twotower.training.run_folder import read_eval_history
 from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer
-from twotower.training.train import training_function
+from twotower.training.train import train_loop, training_function
 from twotower.training.validation import evaluate_cached
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -199,6 +201,13 @@ def test_probe_phase_draws_new_probes_from_its_seed(pretrain_run, probe_run, con
     for name in ("probes.dense.weight", "probes.decoder.weight"):  # the random tensors (biases 0, norms 1)
         assert not torch.equal(first[name], other[name]) and not torch.equal(first[name], saved[name]), name
         assert first[name].std().item() == pytest.approx(0.02, rel=0.05)  # _init_weights' initializer_range
+
+
+def test_the_training_loop_reads_no_phase_flag():
+    # make_phase is the one place that tells the phases apart; the loop only calls the phase it was given
+    source = inspect.getsource(train_loop)
+    flags = re.findall(r"\b(phase|probe_type|objective|linear)\b\s*(==|!=|\bin\b)|isinstance\([^)]*Phase", source)
+    assert flags == [] and "run.phase.optimizer_step" in source and len(source.splitlines()) < 60
 
 
 def test_probe_loss_builds_no_graph_through_the_backbone(pretrain_run, probe_run):
