@@ -77,9 +77,18 @@ def arm_figures(runs: dict[int, dict]) -> dict:
         **{key: t_interval([runs[seed][key] for seed in seeds]) | {"per_seed": [runs[seed][key] for seed in seeds]}
            for key in CROSS_FIT_KEYS},
         "global_offset_nats": [runs[seed]["global_offset_nats"] for seed in seeds],
-        "ablation_r": t_interval([None if a is None else a["r"] for a in ablation])
-        | {"per_seed": ablation},
+        "ablation_r": ablation_over_seeds(ablation) | {"per_seed": ablation},
     }
+
+
+def ablation_over_seeds(per_seed: list[dict | None]) -> dict:
+    """The ablation agreement's mean and t interval over seeds; from one seed, that run's bootstrap interval over its
+    types instead (narrower: it holds the types' sampling, not the seeds')."""
+    figure = t_interval([None if a is None else a["r"] for a in per_seed])
+    runs = [a for a in per_seed if a is not None]
+    if figure["n"] == 1 and runs[0]["ci"] is not None:
+        return figure | {"ci": runs[0]["ci"], "over": "types"}
+    return figure
 
 
 def paired_difference(cooperative: dict[int, dict], control: dict[int, dict], key: str) -> dict:
@@ -215,7 +224,8 @@ def _with_ci(figure: dict | None, digits: int = 2) -> str:
         return "n/a"
     if figure["ci"] is None:
         return f"{figure['value']:.{digits}f} (1 seed)"
-    return f"{figure['value']:.{digits}f} [{figure['ci'][0]:.{digits}f}, {figure['ci'][1]:.{digits}f}]"
+    text = f"{figure['value']:.{digits}f} [{figure['ci'][0]:.{digits}f}, {figure['ci'][1]:.{digits}f}]"
+    return text + " (1 seed, over types)" if figure.get("over") == "types" else text
 
 
 def cross_fit_summary_lines(verdicts: dict) -> list[str]:

@@ -270,6 +270,11 @@ def test_cross_fitted_verdicts_average_each_runs_report_over_seeds(micro_study):
     expected = np.corrcoef(eligible["preference_nats_tower0"], eligible["ablation_preference_nats_tower0"])[0, 1]
     first = verdict["cooperative"]["ablation_r"]["per_seed"][0]
     assert first["r"] == pytest.approx(expected) and first["ci"][0] < first["r"] < first["ci"][1]
+    # the control's one seed: its agreement carries that run's interval over types, and the document says so
+    control_ablation = verdict["control"]["ablation_r"]
+    assert control_ablation["ci"] == control_ablation["per_seed"][0]["ci"] and control_ablation["over"] == "types"
+    low_types, high_types = control_ablation["ci"]
+    assert f"(control {control_ablation['value']:.2f} [{low_types:.2f}, {high_types:.2f}] (1 seed, over types))" in text
 
     assert "## Cross-fitted verdicts" in text and "In short, cross-fitted" in text
     assert f"*{expected_words}*; cross-fitted r {cooperative['value']:.2f} [{low:.2f}, {high:.2f}]" in text

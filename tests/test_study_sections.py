@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from twotower.evaluation.study_config import StudyConfig
-from twotower.evaluation.study_cross_fit import cross_fit_verdicts, size_grid_rows, t_interval
+from twotower.evaluation.study_cross_fit import ablation_over_seeds, cross_fit_verdicts, size_grid_rows, t_interval
 from twotower.evaluation.study_long_run import PENDING, difference_interval, long_run_rows, long_run_table
 
 TEXT = "wiki"
@@ -134,3 +134,13 @@ def test_the_t_interval_over_seeds():
     # seeds that agree exactly: an interval of width 0, not NaN
     assert t_interval([0.25, 0.25])["ci"] == [0.25, 0.25]
     assert t_interval([0.7]) == {"value": 0.7, "ci": None, "n": 1}
+
+
+def test_the_ablation_agreement_of_one_seed_keeps_its_interval_over_types():
+    one_run = {"r": 0.55, "ci": [0.51, 0.59], "num_types": 1656}
+    assert ablation_over_seeds([one_run, None]) == {"value": 0.55, "ci": [0.51, 0.59], "n": 1, "over": "types"}
+    # from two seeds on, the interval is over seeds (t), as for every other figure
+    two = ablation_over_seeds([one_run, {"r": 0.45, "ci": [0.40, 0.50], "num_types": 1656}])
+    half = stats.t.ppf(0.975, 1) * stats.sem([0.55, 0.45])
+    assert "over" not in two and two["ci"] == pytest.approx([0.5 - half, 0.5 + half])
+    assert ablation_over_seeds([None]) == {"value": None, "ci": None, "n": 0}
