@@ -48,9 +48,9 @@ class MeanAblation:
         self.accumulator = PreferenceAccumulator(num_towers=feature_means.shape[0], vocab_size=vocab_size)
         self.increase_sums = np.zeros(feature_means.shape[0])  # [towers] float64, over all scored positions
 
-    def update(self, model, scored_features, scored_targets, joint_nll_per_position) -> None:
+    def update(self, model, scored_features, scored_targets, joint_nll_per_position) -> np.ndarray:
         """One scoring pass: features [towers, n, hidden] of its scored positions, their targets [n] and the
-        joint model's NLL there [n]."""
+        joint model's NLL there [n]; returns the increases [towers, n]."""
         increases = []
         for tower, mean in enumerate(self.feature_means):
             ablated = scored_features.clone()
@@ -61,6 +61,7 @@ class MeanAblation:
         # The accumulator takes log-probabilities (<= 0) and tests differences between towers at each position, so
         # the increases enter less their largest at the position: the differences, hence the test, are the increases'.
         self.accumulator.update(scored_targets.cpu().numpy(), increases - increases.max(axis=0))
+        return increases
 
     def mean_increase_nats(self) -> list[float]:
         """Each tower's ablation increase averaged over every scored position: how much the joint model needs it."""

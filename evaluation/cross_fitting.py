@@ -19,6 +19,7 @@ difference of tower 0 minus tower 1, less its mean over types); correlations are
 import re
 
 import numpy as np
+import pandas as pd
 
 NUM_HALVES = 2
 # WikiText's article headings (" = Title = "; sections have "= =")
@@ -54,7 +55,9 @@ def pooled_pearson(x: np.ndarray, y: np.ndarray) -> float | None:
 
 class CrossFittedPreference:
     """
-    Per-type sums of every probe's gold log-probabilities, per half of the scored documents.
+    Per-type sums of every probe's gold log-probabilities (and, where fed, of each tower's mean-ablation increase), per
+    half of the scored documents: what the cross-fitted correlations read, and the table (`type_sums`) from which
+    every per-type figure of a report can be recomputed.
 
     Args:
         num_towers: towers of the model.
@@ -76,6 +79,7 @@ class CrossFittedPreference:
         self.num_towers, self.replicas_per_tower = num_towers, replicas_per_tower
         self.sum_logprob = np.zeros((NUM_HALVES, num_towers * replicas_per_tower, vocab_size))  # float64
         self.count = np.zeros((NUM_HALVES, vocab_size), np.int64)
+        self.ablation_increase_sum = None  # [halves, towers, vocab] float64, once `update_ablation` is fed
         self.documents = [set(), set()]  # the documents seen in each half
 
     def update(self, token_ids, gold_logprobs, documents) -> None:
@@ -91,6 +95,37 @@ class CrossFittedPreference:
             for probe, logprobs in enumerate(gold_logprobs[:, in_half]):
                 self.sum_logprob[half, probe] += np.bincount(ids, weights=logprobs, minlength=vocab_size)
             self.documents[half].update(np.unique(documents[in_half]).tolist())
+
+    def update_ablation(self, token_ids, increases, documents) -> None:
+        """token_ids [n], increases [towers, n] (evaluation/ablation.py: the joint model's loss increase with each tower
+        mean-ablated), documents [n], as in `update`."""
+        token_ids, documents = np.asarray(token_ids), np.asarray(documents)
+        if self.ablation_increase_sum is None:
+            self.ablation_increase_sum = np.zeros((NUM_HALVES, self.num_towers, self.count.shape[1]))
+        for half in range(NUM_HALVES):
+            in_half = documents % NUM_HALVES == half
+            for tower, values in enumerate(np.asarray(increases, np.float64)[:, in_half]):
+                self.ablation_increase_sum[half, tower] += np.bincount(
+                    token_ids[in_half], weights=values, minlength=self.count.shape[1]
+                )
+
+    def type_sums(self) -> pd.DataFrame:
+        """
+        One row per half and token type seen in it: `half`, `token_id`, `count`, `logprob_sum_probe{k}` (probe k
+        tower-major: replica r of tower t is k = t * replicas + r) and, where fed, `ablation_increase_sum_tower{t}`.
+        Sums, not means, so that halves add up and any grouping of probes, halves or types can be recomputed.
+        """
+        frames = []
+        for half in range(NUM_HALVES):
+            seen = np.flatnonzero(self.count[half])
+            columns = {"half": np.full(seen.size, half, np.int8), "token_id": seen, "count": self.count[half, seen]}
+            for probe, sums in enumerate(self.sum_logprob[half]):
+                columns[f"logprob_sum_probe{probe}"] = sums[seen]
+            if self.ablation_increase_sum is not None:
+                for tower, sums in enumerate(self.ablation_increase_sum[half]):
+                    columns[f"ablation_increase_sum_tower{tower}"] = sums[seen]
+            frames.append(pd.DataFrame(columns))
+        return pd.concat(frames, ignore_index=True)
 
     def _preference(self, half: int, replicas: list[int], eligible: np.ndarray) -> np.ndarray:
         """[types, towers]: each tower's mean log-prob over the group's replicas, centered over types and towers."""

@@ -40,7 +40,9 @@ from matplotlib import pyplot as plt  # noqa: E402
 from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa: E402
 from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
 
-from .report_files import PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML  # noqa: E402
+from .report_files import (  # noqa: E402
+    PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
+)
 
 
 REPORT_TEMPLATE = "report.md.j2"
@@ -323,10 +325,11 @@ def render_markdown(report, table, has_token_view=False):
     )
 
 
-def write_report(output_dir, report, result, tokens, token_view=None, ablation=None):
+def write_report(output_dir, report, result, tokens, token_view=None, ablation=None, type_sums=None):
     """
-    Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity, and
-    `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any.
+    Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity,
+    `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any, and `type_sums` the
+    per-half, per-type sums of cross-fitting (cross_fitting.CrossFittedPreference.type_sums), if any.
 
     Every file is written into a staging folder first and moved in only once all are written: a failure (a full
     disk) leaves neither a partial report nor the staging folder behind.
@@ -339,6 +342,8 @@ def write_report(output_dir, report, result, tokens, token_view=None, ablation=N
     try:
         table = per_token_table(result, tokens, ablation)
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
+        if type_sums is not None:
+            write_atomically(staging / TYPE_SUMS_PARQUET, lambda tmp: type_sums.to_parquet(tmp, index=False))
         for path in sorted(staging.iterdir()):
             os.replace(path, output_dir / path.name)
     except BaseException as error:

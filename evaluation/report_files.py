@@ -3,6 +3,8 @@ the model card read them. No plotting here, so that a reader imports the names i
 
 PREFERENCE_JSON = "preference.json"
 PER_TOKEN_CSV = "preference_per_token.csv"
+# per half of the scored documents and token type: counts and every probe's log-prob sums (cross_fitting.type_sums)
+TYPE_SUMS_PARQUET = "type_sums.parquet"
 REPORT_MD = "report.md"
 TOKEN_VIEW_HTML = "tokens.html"
 PLOTS = {

@@ -391,7 +391,8 @@ def score_model(model_dir, output_dir, **options):
     if args.token_view_blocks:
         source = f"The first {len(passages.input_ids)} of {len(blocks)} blocks of {report['data']['description']}."
         token_view = token_view_page(result, tokens, passages, tokenizer, source, ablation)
-    write_report(args.output_dir, report, result, tokens, token_view, ablation)
+    type_sums = None if cross_fit is None else cross_fit.type_sums()
+    write_report(args.output_dir, report, result, tokens, token_view, ablation, type_sums)
     return {**report, "summary": result.summary}
 
 

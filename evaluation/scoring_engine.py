@@ -158,7 +158,7 @@ def score_blocks(
     `passages` (a ScoredPassages) for the first blocks, and the first probe set's into `cross_fit` (a
     cross_fitting.CrossFittedPreference) with the document of each prediction (the batches' "document" [batch]).
     With `ablation`, a first pass of the towers takes each tower's mean feature, and the joint model's loss with each
-    tower mean-ablated feeds `BlockScores.ablation` (evaluation/ablation.py).
+    tower mean-ablated feeds `BlockScores.ablation` (evaluation/ablation.py), and `cross_fit`'s per-type sums.
     """
     probe_models = [model] if probe_models is None else list(probe_models)
     if accumulators is None:
@@ -180,9 +180,14 @@ def score_blocks(
             scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
             nll = joint_nll(model, scored_features, targets[scored])  # [n]
             scores.joint_nll_sum += nll.sum().item()
-            if scores.ablation is not None:
-                scores.ablation.update(model, scored_features, targets[scored], nll)
             scored_targets = targets[scored].cpu().numpy()  # [n]
+            if cross_fit is not None:
+                rows = scored.nonzero(as_tuple=True)[0].cpu()  # the block of every scored position, in order
+                documents = batch["document"][rows].numpy()
+            if scores.ablation is not None:
+                increases = scores.ablation.update(model, scored_features, targets[scored], nll)
+                if cross_fit is not None:
+                    cross_fit.update_ablation(scored_targets, increases, documents)
             scores.num_targets += scored_targets.shape[0]
             for index, (probe_model, nll_sum, accumulator) in enumerate(
                 zip(probe_models, scores.probe_nll_sums, accumulators)
@@ -193,6 +198,5 @@ def score_blocks(
                 if passages is not None and index == passages.probe_set:
                     passages.record(scored, gold, target_shift(objective))
                 if cross_fit is not None and index == 0:
-                    rows = scored.nonzero(as_tuple=True)[0].cpu()  # the block of every scored position, in order
-                    cross_fit.update(scored_targets, gold, batch["document"][rows].numpy())
+                    cross_fit.update(scored_targets, gold, documents)
     return scores

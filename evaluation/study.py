@@ -57,6 +57,7 @@ from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 
 from .report import PER_TOKEN_CSV, PREFERENCE_JSON
+from .report_files import TYPE_SUMS_PARQUET
 from .score import score_model
 from .study_config import StudyConfig, StudyRun, load_study_config
 from .study_report import STUDY_JSON, summary_lines, write_study_report
@@ -260,7 +261,7 @@ def run_one(study: StudyConfig, run: StudyRun, data_dir: Path, run_dir: Path) ->
         final = step == options["max_train_steps"]
         out_dir = run_dir if final else run_dir / "trajectory" / f"step-{step}"
         model_dir = model_at_step(run_dir / "pretrain", step, out_dir)
-        texts = list(study.eval_texts) if final else list(study.eval_texts)[:1]
+        texts = list(study.eval_texts) if final or study.score_every_text else list(study.eval_texts)[:1]
         point = probe_and_score(study, run, data, data_dir, model_dir, out_dir, texts)
         evaluation = next((entry for entry in history if entry["step"] == step), None)
         trajectory.append({"step": step, "pretrain_validation": evaluation, **point})
@@ -324,9 +325,30 @@ def keep_run_results(run_dir: Path, kept_dir: Path, texts: dict) -> None:
         shutil.copyfile(source / PREFERENCE_JSON, kept / PREFERENCE_JSON)
         # compressed (a third of the size: the study's results are committed), byte-stable (no time stamp)
         (kept / f"{PER_TOKEN_CSV}.gz").write_bytes(gzip.compress((source / PER_TOKEN_CSV).read_bytes(), mtime=0))
+    keep_type_sums(run_dir, partial, summary)
     (partial / RUN_SUMMARY).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     shutil.rmtree(kept_dir, ignore_errors=True)  # never a finished copy: that one has its run.json
     partial.replace(kept_dir)
+
+
+def keep_type_sums(run_dir: Path, kept_dir: Path, summary: dict) -> None:
+    """
+    Each scored point's per-half, per-type sums (every trajectory step's, every text's), and the run's tokenizer
+    (gzipped): from these alone every per-type figure of the run, its cross-fitted r and a per-type tagging of the
+    texts can be recomputed. Points scored without cross-fitting have none.
+    """
+    last_step = summary["trajectory"][-1]["step"]
+    for point in summary["trajectory"]:
+        point_dir = Path() if point["step"] == last_step else Path("trajectory", f"step-{point['step']}")
+        for text in point["scores"]:
+            source = run_dir / point_dir / "scores" / text / TYPE_SUMS_PARQUET
+            if source.is_file():
+                kept = kept_dir / point_dir / "scores" / text / TYPE_SUMS_PARQUET
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, kept)
+    tokenizer_file = run_dir / "pretrain" / FINAL_MODEL_DIR / "tokenizer.json"
+    if tokenizer_file.is_file():
+        (kept_dir / "tokenizer.json.gz").write_bytes(gzip.compress(tokenizer_file.read_bytes(), mtime=0))
 
 
 def keep_convergence_results(run: StudyRun, out_dir: Path, kept_file: Path) -> None:

@@ -55,6 +55,10 @@ class StudyConfig:
     probe: dict = field(default_factory=dict)  # training options over every probe recipe; must set probe_replicas
     scoring: dict = field(default_factory=dict)  # ScoringArguments fields (batch_size, min_count, alpha, ...)
     long_run: bool = False  # the document follows each family along its trajectory, point by point (long.yaml)
+    score_every_text: bool = False  # every trajectory point scores every text (default: the first; the end all)
+    # run order: seed by seed over the whole grid (every cell's seed 0, then seed 1, ...), so that a study stopped
+    # early holds whole seeds of a factorial design; default family by family
+    seed_major: bool = False
 
     def __post_init__(self):
         for name, text in self.eval_texts.items():
@@ -111,13 +115,16 @@ class StudyConfig:
 
     def runs(self) -> list["StudyRun"]:
         """The grid's runs, family by family: each cooperative family (grid order) with its controls, seed-major
-        (family s0, control s0, family s1, ...), so that a study stopped early holds whole families."""
+        (family s0, control s0, family s1, ...), so that a study stopped early holds whole families; with
+        `seed_major`, seed by seed over the whole grid."""
         runs = [
             StudyRun(cell["family"], num_towers, seed)
             for cell in self.grid
             for num_towers in cell.get("num_towers", [2])
             for seed in cell.get("seeds", [0])
         ]
+        if self.seed_major:
+            return sorted(runs, key=lambda run: run.seed)  # stable: grid order within a seed
         return sorted(runs, key=lambda run: (self._lead_order(run.family), run.seed))
 
     def lead_family(self, family: str) -> str:

@@ -436,8 +436,10 @@ def test_the_report_folder_alone_redoes_the_document_and_continues_the_study(mic
     for text in MICRO_STUDY["eval_texts"]:
         source, copy = (folder / "scores" / text for folder in (micro_study["output_dir"] / "runs" / "causal-t2-s0",
                                                                   report_dir / "runs" / "causal-t2-s0"))
-        assert sorted(path.name for path in copy.iterdir()) == ["preference.json", "preference_per_token.csv.gz"]
+        assert sorted(path.name for path in copy.iterdir()) == [
+            "preference.json", "preference_per_token.csv.gz", "type_sums.parquet"]
         assert (copy / "preference.json").read_bytes() == (source / "preference.json").read_bytes()
+        assert (copy / "type_sums.parquet").read_bytes() == (source / "type_sums.parquet").read_bytes()
         table = gzip.decompress((copy / "preference_per_token.csv.gz").read_bytes())
         assert table == (source / "preference_per_token.csv").read_bytes()
     long_run = json.loads((report_dir / "convergence" / "causal-t2-s0.json").read_text())
@@ -538,3 +540,56 @@ def test_shipped_study_recipes_load_with_valid_training_options(recipe):
         assert {name: family.control_of for name, family in study.families.items() if family.control_of} == {
             "causal_control": "causal", "elmo_control": "elmo", "masked_control": "masked"}
         assert len(study.runs()) == 18 and study.convergence_factor == 2
+
+
+def cross_fitted_r_from_sums(table, replicas_per_tower, num_towers, min_count):
+    """The cross-fitted r recomputed from a kept type_sums.parquet with plain numpy (no import of the package)."""
+    halves = [table[table["half"] == half].set_index("token_id") for half in (0, 1)]
+    types = np.intersect1d(*(half.index[half["count"] >= min_count] for half in halves))
+    split = replicas_per_tower // 2
+    groups = [list(range(split)), list(range(split, replicas_per_tower))]
+
+    def preference(half, group):
+        sums = np.stack([half.loc[types, f"logprob_sum_probe{t * replicas_per_tower + r}"].to_numpy()
+                         for t in range(num_towers) for r in group]).reshape(num_towers, len(group), -1)
+        means = (sums.mean(axis=1) / half.loc[types, "count"].to_numpy()).T  # [types, towers]
+        means = means - means.mean(axis=0)
+        return (means - means.mean(axis=1, keepdims=True)).ravel()
+
+    (a1, a2), (b1, b2) = ([preference(half, group) for half in halves] for group in groups)
+    return float(np.mean([np.corrcoef(a1, b2)[0, 1], np.corrcoef(b1, a2)[0, 1]]))
+
+
+def test_kept_type_sums_recompute_each_points_cross_fitted_r(micro_study):
+    kept = micro_study["report"].parent / "runs" / "causal-t2-s0"
+    summary = json.loads((kept / "run.json").read_text())
+    points = {"": summary["scores"], "trajectory/step-3/": summary["trajectory"][0]["scores"]}
+    for point, scores in points.items():
+        for text, figures in scores.items():
+            table = pd.read_parquet(kept / f"{point}scores" / text / "type_sums.parquet")
+            assert table.groupby("half")["count"].sum().tolist() == figures["cross_fit"]["num_predictions"]
+            recomputed = cross_fitted_r_from_sums(table, NUM_REPLICAS, 2, figures["cross_fit"]["min_count"])
+            assert recomputed == pytest.approx(figures["cross_fit"]["cross_fitted_r"], abs=1e-9)
+            # the ablation's sums add up to each tower's mean increase over every scored position
+            increases = table[["ablation_increase_sum_tower0", "ablation_increase_sum_tower1"]].sum() / table["count"].sum()
+            assert increases.tolist() == pytest.approx(figures["ablation"]["mean_increase_nats"], rel=1e-6)
+    assert gzip.decompress((kept / "tokenizer.json.gz").read_bytes()) == (
+        micro_study["output_dir"] / "runs" / "causal-t2-s0" / "pretrain" / "model" / "tokenizer.json").read_bytes()
+
+
+def test_a_seed_major_study_runs_every_cells_seed_before_the_next(tmp_path):
+    families = {**MICRO_STUDY["families"], "other": MICRO_STUDY["families"]["causal"]}
+    grid = [{"family": "causal", "seeds": [0, 1]}, {"family": "other", "seeds": [0, 1]}]
+    seed_major = load_study_config(write_recipe(tmp_path / "seeds.yaml", families=families, grid=grid, seed_major=True))
+    assert [run.name for run in seed_major.runs()] == ["causal-t2-s0", "other-t2-s0", "causal-t2-s1", "other-t2-s1"]
+    by_family = load_study_config(write_recipe(tmp_path / "families.yaml", families=families, grid=grid))
+    assert [run.name for run in by_family.runs()] == ["causal-t2-s0", "causal-t2-s1", "other-t2-s0", "other-t2-s1"]
+
+
+def test_the_causes_recipe_crosses_cooperation_and_embedding_sharing():
+    study = load_study_config("causes")
+    cells = {name: (family.overrides.get("cooperative", True), family.overrides.get("separate_embeddings", False))
+             for name, family in study.families.items()}
+    assert sorted(cells.values()) == [(False, False), (False, True), (True, False), (True, True)]
+    assert [run.seed for run in study.runs()] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    assert study.score_every_text and study.trajectory == [0.25, 1.0]
