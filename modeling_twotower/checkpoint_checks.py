@@ -14,10 +14,12 @@ from safetensors import SafetensorError, safe_open
 from transformers.utils import logging
 
 from .legacy_keys import LEGACY_KEY_MAPPING
+from .size_fields import field_that_sizes
 
 logger = logging.get_logger(__name__)
 
-# The config fields that size a dimension of some weight; a differing size is put down to the first whose value it is.
+# The config fields that size a dimension of some weight; a differing size is put down to the one that, set to the
+# value the weights imply, makes the model's shapes those saved (size_fields.field_that_sizes).
 SIZE_FIELDS = (
     "num_towers",
     "vocab_size",
@@ -72,22 +74,19 @@ def _model_key(name: str, model_keys, key_mapping: dict, prefix: str) -> str:
     return f"{prefix}.{name}"
 
 
-def _mismatch_message(config, folder: Path, mismatched) -> str:
+def _mismatch_message(model_class, config, folder: Path, mismatched) -> str:
     """The first mismatch that a config field explains (else the first one), in words, with the fix."""
+    saved_shapes = {name: saved for name, saved, _, _ in mismatched}
     for name, saved, expected, path in mismatched:
-        if len(saved) != len(expected):
-            continue
-        for saved_size, expected_size in zip(saved, expected):
-            if saved_size == expected_size:
-                continue
-            field = next((field for field in SIZE_FIELDS if getattr(config, field, None) == expected_size), None)
-            if field is not None:
-                return (
-                    f"The config of {folder} sets `{field}` to {expected_size}, but its weights were saved with "
-                    f"{saved_size}: `{name}` is {list(saved)} in {path.name}, the config gives {list(expected)}. "
-                    f"Set `\"{field}\": {saved_size}` in {folder / 'config.json'} again (it was edited, or belongs to "
-                    "other weights), or load the config these weights were saved with."
-                )
+        sized_by = field_that_sizes(model_class, config, SIZE_FIELDS, saved_shapes, (name, saved, expected))
+        if sized_by is not None:
+            field, saved_value = sized_by
+            return (
+                f"The config of {folder} sets `{field}` to {getattr(config, field)}, but its weights were saved with "
+                f"{saved_value}: `{name}` is {list(saved)} in {path.name}, the config gives {list(expected)}. "
+                f"Set `\"{field}\": {saved_value}` in {folder / 'config.json'} again (it was edited, or belongs to "
+                "other weights), or load the config these weights were saved with."
+            )
     name, saved, expected, path = mismatched[0]
     more = f" (and {len(mismatched) - 1} more tensors)" if len(mismatched) > 1 else ""
     return (
@@ -114,7 +113,7 @@ def check_weights_fit_config(model_class, config, weight_files, key_mapping: dic
         if key in expected and expected[key] != saved:
             mismatched.append((key, saved, expected[key], path))
     if mismatched:
-        raise TwoTowerCheckpointError(_mismatch_message(config, Path(weight_files[0]).parent, mismatched))
+        raise TwoTowerCheckpointError(_mismatch_message(model_class, config, Path(weight_files[0]).parent, mismatched))
 
 
 def warn_non_finite_weights(model, source) -> None:
