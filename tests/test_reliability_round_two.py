@@ -80,7 +80,7 @@ def edited_copy(model_dir, folder, **fields):
 
 # field edited in config.json: (edited value, a tensor it sizes, that tensor's saved shape, its shape per the config)
 EDITS = {
-    "num_towers": (3, "model.embeddings.tower_proj.bias", [2, 64], [3, 64]),
+    "num_towers": (3, "lm_head.dense.weight", [128, 128], [128, 192]),
     "vocab_size": (128, "lm_head.decoder.bias", [VOCAB_SIZE], [128]),
 }
 
