@@ -34,6 +34,23 @@ def joint_nll(model, scored_features: torch.Tensor, scored_targets: torch.LongTe
     return F.cross_entropy(logits.float(), scored_targets, reduction="none")
 
 
+def check_ablation_shapes(feature_means, scored_features, scored_targets, joint_nll_per_position) -> None:
+    """One clear error when the means, features and targets of an ablation pass are not of the same towers and
+    positions (torch's own names no argument)."""
+    means, features = tuple(feature_means.shape), tuple(scored_features.shape)
+    if len(means) != 2 or len(features) != 3 or means != (features[0], features[2]):
+        raise ValueError(
+            f"MeanAblation holds means of shape {list(means)} ([towers, hidden]) but was given features of shape "
+            f"{list(features)} ([towers, n, hidden]): give the features of the towers the means were taken over "
+            "(`tower_feature_means` of the same model), all towers at once."
+        )
+    positions = {"targets": tuple(scored_targets.shape), "joint_nll_per_position": tuple(joint_nll_per_position.shape)}
+    for name, shape in positions.items():
+        if shape != (features[1],):
+            raise ValueError(f"MeanAblation.update: `{name}` has shape {list(shape)}, the features hold "
+                             f"{features[1]} positions: give one value per scored position, [n].")
+
+
 class MeanAblation:
     """
     The ablation increases of every scored position, fed into a PreferenceAccumulator.
@@ -51,6 +68,7 @@ class MeanAblation:
     def update(self, model, scored_features, scored_targets, joint_nll_per_position) -> np.ndarray:
         """One scoring pass: features [towers, n, hidden] of its scored positions, their targets [n] and the
         joint model's NLL there [n]; returns the increases [towers, n]."""
+        check_ablation_shapes(self.feature_means, scored_features, scored_targets, joint_nll_per_position)
         increases = []
         for tower, mean in enumerate(self.feature_means):
             ablated = scored_features.clone()

@@ -55,6 +55,7 @@ from twotower.training.train import training_function
 from twotower.training.utils import cli
 from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
+from twotower.training.utils.patterns import check_regular_expression
 
 from .report import PER_TOKEN_CSV, PREFERENCE_JSON
 from .report_files import TYPE_SUMS_PARQUET
@@ -443,6 +444,7 @@ def main(argv=None):
     parser.add_argument("--aggregate_only", action="store_true", help="only aggregate the runs already finished "
                         "(kept in the report folder or finished in OUTPUT_DIR)")
     args = parser.parse_args(argv)
+    check_regular_expression("--runs", args.runs, "^gpt-t2-s0$")
     command = "python -m twotower.evaluation.study " + shlex.join(sys.argv[1:] if argv is None else argv)
     report_path = run_study(
         args.recipe, args.data_dir, args.output_dir, args.report_dir, args.runs, args.aggregate_only, command

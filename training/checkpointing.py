@@ -37,6 +37,7 @@ from .utils.atomic import (
 )
 from .utils.collective import raise_together
 from .utils.errors import TwoTowerUserError
+from .resume_limits import check_resumable_options
 from .manifest import MANIFEST_NAME, files_fingerprint, manifest_problem, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -274,6 +275,7 @@ def resume_data_changes(checkpoint: Path, config: TwoTowerTrainingConfig) -> lis
 
 def check_resume_config(checkpoint: Path, config: TwoTowerTrainingConfig, num_processes: int) -> None:
     """Refuse to resume `checkpoint` with options or data that change the result, unless --allow_config_change."""
+    check_resumable_options(checkpoint, config)
     options = "; ".join(resume_config_differences(checkpoint, config, num_processes))
     _refuse_unless_allowed(
         options,

@@ -129,6 +129,18 @@ def _listing(paths) -> str:
     return ", ".join(f"{Path(path).name}/" for path in paths)
 
 
+def check_removable(paths) -> None:
+    """Before --overwrite_output_dir removes anything: refuse a link among what it would remove (rmtree will not follow
+    one, and the user's files behind it are theirs), so that nothing is removed unless all of it can be."""
+    for path in paths:
+        if path.is_symlink():
+            raise TwoTowerUserError(
+                f"--overwrite_output_dir would remove {path}, but it is a symbolic link (to {os.readlink(path)}), "
+                f"whose files are not the run's to remove; nothing was removed. Move or delete the link yourself, or "
+                f"choose another --output_dir."
+            )
+
+
 def prepare_new_run(output_dir: str | os.PathLike, overwrite_output_dir: bool) -> None:
     """
     A new run starts on an empty slate: refuse a folder that holds an earlier run's outputs, or remove them with
@@ -148,7 +160,8 @@ def prepare_new_run(output_dir: str | os.PathLike, overwrite_output_dir: bool) -
             f"--output_dir {folder} already holds a run ({_listing(earlier_run)}): resume it with "
             f"--resume_from_checkpoint latest, {start_over}"
         )
-    outputs = [folder / name for name in RUN_OUTPUTS if (folder / name).exists()]
+    outputs = [folder / name for name in RUN_OUTPUTS if (folder / name).exists() or (folder / name).is_symlink()]
+    check_removable(outputs + list(folder.glob(f".{FINAL_MODEL_DIR}.*")))
     for path in outputs + list(folder.glob(f".{FINAL_MODEL_DIR}.*")):
         if path.is_dir():
             shutil.rmtree(path)
