@@ -61,6 +61,7 @@ from .report import PER_TOKEN_CSV, PREFERENCE_JSON
 from .report_files import TYPE_SUMS_PARQUET
 from .score import score_model
 from .study_config import StudyConfig, StudyRun, load_study_config
+from .study_kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
 from .study_report import STUDY_JSON, summary_lines, write_study_report
 from .study_verdicts import unigram_cross_entropy
 from .tower_preference.summary import summary_keys
@@ -298,7 +299,7 @@ def run_convergence(study: StudyConfig, run: StudyRun, data_dir: Path, out_dir: 
 
 def load_run_summary(path: Path) -> dict:
     """A finished run's run.json; a clear error for one written before probe replicas (two probe sets)."""
-    summary = json.loads(path.read_text())
+    summary = read_kept_json(path, f"run the study again with --runs '^{path.parent.name}$' to redo that run alone.")
     if "probe" not in summary:
         raise TwoTowerUserError(
             f"{path} was written by the study's earlier design (two probe sets, no probe replicas), which this "
@@ -364,10 +365,10 @@ def finish_run(study, run, data_dir, output_dir, kept_dir, aggregate_only, label
     """Run one grid run unless the report folder keeps its results (or, with aggregate_only, it did not finish);
     keep the results of a finished run there."""
     run_dir = output_dir / "runs" / run.name
-    if (kept_dir / RUN_SUMMARY).is_file():
+    if (kept_dir / RUN_SUMMARY).is_file() and not set_aside_if_damaged(kept_dir, label):
         print(f"{label} {run.name}: finished earlier, kept in {kept_dir}")
         return
-    if not (run_dir / RUN_SUMMARY).is_file():
+    if json_problem(run_dir / RUN_SUMMARY) is not None:  # not finished, or its run.json cut short: run it (again)
         if aggregate_only:
             return
         print(f"{label} {run.name}: running in {run_dir}", flush=True)
@@ -378,7 +379,7 @@ def finish_run(study, run, data_dir, output_dir, kept_dir, aggregate_only, label
 def finish_convergence(study, run, data_dir, output_dir, kept_file, aggregate_only) -> None:
     """The convergence run of one family, like `finish_run`."""
     out_dir = output_dir / CONVERGENCE_DIR / run.name
-    if kept_file.is_file():
+    if json_problem(kept_file) is None:  # a damaged copy is kept again
         return
     if not (out_dir / "pretrain" / TRAIN_RESULT).is_file():
         if aggregate_only:
@@ -414,6 +415,9 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
             check = checks.pop(lead)  # the family's runs are done: its convergence check follows
             finish_convergence(study, check, data_dir, output_dir, kept_convergence / f"{check.name}.json",
                                aggregate_only)
+    for run in study.runs():  # every kept file checked before the document reads it
+        if (kept_runs / run.name / RUN_SUMMARY).is_file():
+            check_kept_run(kept_runs / run.name)
     summaries = [
         load_run_summary(kept_runs / run.name / RUN_SUMMARY)
         for run in study.runs()
@@ -424,7 +428,7 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
             f"No finished run in {output_dir / 'runs'} or {kept_runs}; run the study without --aggregate_only."
         )
     convergence = [
-        json.loads(path.read_text())
+        read_kept_json(path, "delete it and run the study again to keep it again from its convergence run.")
         for run in convergence_runs(study)
         if (path := kept_convergence / f"{run.name}.json").is_file()
     ]
