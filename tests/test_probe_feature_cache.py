@@ -202,10 +202,13 @@ def test_plan_chooses_by_size_and_says_why():
     assert "<= 1.0 TB, half the output folder's free disk: caching them on disk" in plan.message
     plan = plan_feature_cache("auto", "mlp", **{**BASE_PROBE_ON_WIKITEXT_103, "free_memory_bytes": 400 * 10**9})
     assert plan.choice == "memory"
-    asked = plan_feature_cache("disk", "mlp", probe_cache_max_gb=50.0, **BASE_PROBE_ON_WIKITEXT_103)
+    asked = plan_feature_cache("disk", "mlp", probe_cache_max_gb=200.0, **BASE_PROBE_ON_WIKITEXT_103)
     assert asked.choice == "disk"
     assert asked.message.endswith(": caching them on disk under OUTPUT_DIR/probe_feature_cache "
-                                  "(--probe_feature_cache disk)")
+                                  "(--probe_feature_cache disk) (<= --probe_cache_max_gb 200.0)")
+    with pytest.raises(TwoTowerUserError, match=r"158.9 GB > --probe_cache_max_gb 50.0: --probe_feature_cache disk "
+                                                r"does not fit its budget"):  # fmt: skip
+        plan_feature_cache("disk", "mlp", probe_cache_max_gb=50.0, **BASE_PROBE_ON_WIKITEXT_103)
     with pytest.raises(TwoTowerUserError, match=r"158.9 GB > --probe_cache_max_gb 50.0 .*--probe_type linear needs a "
                                                 r"cache"):  # fmt: skip
         plan_feature_cache("auto", "linear", probe_cache_max_gb=50.0, **BASE_PROBE_ON_WIKITEXT_103)

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import collate_blocks
+from .feature_cache_checks import ShardWatch, ShardWriter, build_verified, explicit_cache_note, map_shard
 from .utils.errors import TwoTowerUserError
 from .objectives import predicting_positions, prediction_targets, target_shift
 
@@ -83,12 +84,15 @@ class FeatureCache:
     targets: torch.LongTensor  # [positions], on the device
     num_blocks: int  # blocks the positions come from
     block_starts: torch.LongTensor | None = None  # [blocks + 1]: block b's positions are rows [starts[b], starts[b+1])
+    shard: ShardWatch | None = None  # a disk cache's file, checked unchanged before every read
 
     def __len__(self) -> int:
         return self.targets.shape[0]
 
     def chunk(self, start: int, end: int) -> tuple[torch.Tensor, torch.LongTensor]:
         """Positions [start, end) for every probe: features [towers, n, hidden] float32, targets [n]; on the device."""
+        if self.shard is not None:
+            self.shard.check()
         features = self.features[start:end].to(self.targets.device).float().transpose(0, 1)
         return features, self.targets[start:end]
 
@@ -102,6 +106,8 @@ class FeatureCache:
         Each replica's own positions, `positions` [replicas, n], for the probes of every tower (tower-major, probe
         t * replicas + r): {"features": [probes, n, hidden] float32, "targets": [probes, n]} on the device.
         """
+        if self.shard is not None:
+            self.shard.check()
         return gather_replica_rows(self.features, self.targets, positions, self.targets.device)
 
 
@@ -212,7 +218,7 @@ def build_feature_cache(
     """
     loader = DataLoader(blocks.with_format("torch"), batch_size=batch_size, collate_fn=collator)
     kept_features, kept_targets, kept_counts = [], [], []
-    disk = open(disk_file, "wb") if disk_file is not None else None
+    disk = ShardWriter(disk_file) if disk_file is not None else None  # hashed as written
     for batch in loader:
         rows, targets, counts = batch_features(accelerator, model, batch, objective, dtype)
         if disk is not None:  # [n, towers, hidden], appended in order; bf16 as its raw bits
@@ -227,10 +233,12 @@ def build_feature_cache(
     else:
         disk.close()
         shape = (len(targets), *rows.shape[1:])
-        features = torch.from_numpy(np.memmap(disk_file, dtype=DISK_DTYPES[dtype], mode="r+", shape=shape))
+        array, shard = map_shard(disk_file, DISK_DTYPES[dtype], shape)  # verified against its checksum
+        features = torch.from_numpy(array)
         if dtype == torch.bfloat16:
             features = features.view(torch.bfloat16)
-    return FeatureCache(features, targets, len(blocks), block_starts_of(torch.cat(kept_counts)))
+    return FeatureCache(features, targets, len(blocks), block_starts_of(torch.cat(kept_counts)),
+                        shard if disk is not None else None)
 
 
 def predicted_counts(blocks, collator, objective: str, batch_size: int = 1024) -> torch.LongTensor:
@@ -292,8 +300,9 @@ def plan_feature_cache(
     size = (f"Probe features: {num_towers} x {hidden_size} {DTYPE_NAMES[dtype]} per position, {train_positions:,} "
             f"training + {validation_positions:,} validation positions = {format_bytes(cache_bytes)}")  # fmt: skip
     if requested != "auto":
+        note = explicit_cache_note(requested, cache_bytes, size, free_memory_bytes, free_disk_bytes, probe_cache_max_gb)
         return FeatureCachePlan(requested, cache_bytes, f"{size}: {ACTIONS[requested]} (--probe_feature_cache "
-                                                        f"{requested})")  # fmt: skip
+                                                        f"{requested}){note}")  # fmt: skip
     memory_budget = MEMORY_SHARE * free_memory_bytes
     memory = f"{format_bytes(memory_budget)}, half the free memory"
     if probe_cache_max_gb is None:
@@ -362,9 +371,12 @@ def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str
     for split, collator in zip(SPLITS, collators):
         disk_file = None if folder is None else folder / f"{split}_process{accelerator.process_index}.bin"
         with_dropout = config.probe_backbone_dropout and split == "train"
-        with backbone_dropout(model, config.seed, accelerator.device) if with_dropout else contextlib.nullcontext():
-            caches[split] = build_feature_cache(accelerator, model, shares[split], collator, objective,
-                                                config.per_device_eval_batch_size, disk_file, dtype)  # fmt: skip
+        def build(split=split, collator=collator, disk_file=disk_file, with_dropout=with_dropout):
+            with backbone_dropout(model, config.seed, accelerator.device) if with_dropout else contextlib.nullcontext():
+                return build_feature_cache(accelerator, model, shares[split], collator, objective,
+                                           config.per_device_eval_batch_size, disk_file, dtype)  # fmt: skip
+
+        caches[split] = build_verified(build, split)  # a shard that does not verify is built again
     positions = {split: sum(process_counts(accelerator, len(cache))) for split, cache in caches.items()}
     accelerator.print(
         f"Cached the frozen towers' features of {positions['train']} training and {positions['validation']} "
