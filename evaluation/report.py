@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -47,7 +48,8 @@ from .report_files import (  # noqa: E402
 
 REPORT_TEMPLATE = "report.md.j2"
 TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
-STAGING_DIR = ".report.tmp"  # inside the report folder: where a report is written before its files move in
+STAGING_PREFIX = ".report."  # inside the report folder: .report.XXXX.tmp, where a report is written before its
+# files move in
 TOWER_COLORS = plt.get_cmap("tab10").colors
 PER_TOKEN_COLUMNS = (
     "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "
@@ -336,9 +338,8 @@ def write_report(output_dir, report, result, tokens, token_view=None, ablation=N
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = output_dir / STAGING_DIR
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    # unique to this process: a writer never removes another's staging folder
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, suffix=".tmp", dir=output_dir))
     try:
         table = per_token_table(result, tokens, ablation)
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)

@@ -54,6 +54,7 @@ from twotower.training.validation import perplexity
 from .ablation import ablation_summary
 from .cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
 from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
+from .report_lock import report_folder_locked
 from .scoring_engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .token_categories import categorize, detect_scheme
 from .tower_preference.token_view import render_token_view, token_texts
@@ -333,6 +334,7 @@ def _model_description(model_dir, model) -> dict:
     }
 
 
+@report_folder_locked  # one report at a time in a folder, as one run at a time in a run folder
 def score_model(model_dir, output_dir, **options):
     """
     Score `model_dir` and write the report folder `output_dir`; `options` are ScoringArguments' other fields.
