@@ -40,6 +40,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 
 from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa: E402
 from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
+from twotower.training.utils.markdown_escape import code_span, markdown_text, markdown_url  # noqa: E402
 
 from .report_files import (  # noqa: E402
     PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
@@ -48,6 +49,7 @@ from .report_files import (  # noqa: E402
 
 REPORT_TEMPLATE = "report.md.j2"
 TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
+USER_DATA_FILTERS = {"code": code_span, "text": markdown_text, "url": markdown_url}
 STAGING_PREFIX = ".report."  # inside the report folder: .report.XXXX.tmp, where a report is written before its
 # files move in
 TOWER_COLORS = plt.get_cmap("tab10").colors
@@ -299,7 +301,7 @@ def template_environment(**filters) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(filters)
+    environment.filters.update({**USER_DATA_FILTERS, **filters})  # user data shown as written, never as markup
     return environment
 
 

@@ -14,6 +14,7 @@ from twotower.training.arguments import read_recipe, resolve_recipe_path
 from twotower.training.utils.errors import TwoTowerUserError
 
 from .score import ScoringArguments
+from .study_names import check_recipe_names
 
 STUDY_RECIPES_DIR = Path(__file__).resolve().parent / "study_recipes"
 MIN_PROBE_REPLICAS = 2  # the replica-level test and the same-tower floor compare replicas of one tower
@@ -61,6 +62,7 @@ class StudyConfig:
     seed_major: bool = False
 
     def __post_init__(self):
+        check_recipe_names({"families": self.families, "eval_texts": self.eval_texts})
         for name, text in self.eval_texts.items():
             if "max_blocks" in text:
                 raise TwoTowerUserError(

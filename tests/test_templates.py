@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from twotower.evaluation import compute_preference, report
-from twotower.training.model_card import model_card_template, phase_config
+from twotower.training.model_card import CARD_FUNCTIONS, model_card_template, phase_config
 
 
 MIN_COUNT = 5
@@ -75,7 +75,8 @@ def card_phase_text(config):
     template = jinja2.Template(model_card_template().read_text(encoding="utf-8"))
     family = {"objective": "causal", "tower_type": "transformer", "cooperative": True}
     architecture = {"num_parameters": 0, "num_probe_parameters": 0}
-    card = template.render(phases=[phase_config(config)], family=family, architecture=architecture, hardware=None)
+    card = template.render(phases=[phase_config(config)], family=family, architecture=architecture, hardware=None,
+                           **CARD_FUNCTIONS)
     return card.split("## Training\n\n", 1)[1].split("\n\n## Evaluation", 1)[0]
 
 

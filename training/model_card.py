@@ -19,6 +19,7 @@ from .arguments import RESOLVED_CONFIG_NAME
 from .model_folder import check_model_folder, count_parameters, find_pretrain_config, read_yaml, safetensors_files
 from .model_folder import short_path
 from .objectives import AUTO_CLASSES, needs_masking, objective_of
+from .utils.markdown_escape import code_span, markdown_text, markdown_url
 
 MODEL_CARD_NAME = "model_card.md"
 REPORT_DIR_IN_REPO = "evaluation"
@@ -39,6 +40,9 @@ TOWER_NAMES = {
     ("masked", "lstm"): "forward + backward LSTM (ELMo-style)",
 }
 DATA_PATH_KEYS = ("train_file", "validation_file", "tokenizer_name_or_path")  # named in the card by short_path
+
+# what the template calls on user data (file names, dataset and model names, free text, tokens): shown as written
+CARD_FUNCTIONS = {"code": code_span, "text": markdown_text, "url": markdown_url}
 
 
 def model_card_template() -> Path:
@@ -104,8 +108,7 @@ def describe_architecture(model_config: dict, weight_files: list[Path], tokenize
 
 def _token_text(tokenizer, token_id: int) -> str:
     """A token as a markdown code span that shows its spaces and newlines (JSON string syntax)."""
-    text = json.dumps(tokenizer.decode([token_id]), ensure_ascii=False).replace("|", "\\|")
-    return f"`` {text} ``" if "`" in text else f"`{text}`"
+    return code_span(json.dumps(tokenizer.decode([token_id]), ensure_ascii=False))
 
 
 def describe_evaluation(report: dict, report_dir: Path, tokenizer) -> dict:
@@ -242,4 +245,5 @@ def render_model_card(
         hardware=hardware,
         trained_on_cpu=bool(training_config.get("cpu")),
         evaluation=None if report is None else describe_evaluation(report, Path(report_dir), tokenizer),
+        **CARD_FUNCTIONS,
     )
