@@ -241,8 +241,10 @@ def space_url():
         sys.path.remove(str(METRIC_DIR))
 
 
-def test_the_space_scores_a_model_and_a_text_and_shows_the_token_view(planted_model_dir, space_url, chromium):
+def test_the_space_scores_a_model_and_a_text_and_shows_the_token_view(planted_model_dir, space_url, chromium,
+                                                                     monkeypatch):
     folder, model, tokenizer, planted_ids = planted_model_dir
+    monkeypatch.setenv("TOWER_PREFERENCE_MODEL_DIR", str(folder.parent))  # the Space's --model_dir
     text = "".join((SHAKESPEARE / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:40])
     page = chromium.new_page(viewport={"width": 1200, "height": 1400})
     outside = []
@@ -250,7 +252,7 @@ def test_the_space_scores_a_model_and_a_text_and_shows_the_token_view(planted_mo
                                                                        route.abort()))  # fmt: skip
     page.goto(space_url)
     page.get_by_role("tab", name="A model and a text").click()
-    page.get_by_label("model: a twotower model").fill(str(folder))
+    page.get_by_label("model: a twotower model").fill(folder.name)  # a folder under the model directory
     page.get_by_label("text: a short text to score").fill(text)
     page.locator("button:visible", has_text="Submit").click()
     view = page.frame_locator("iframe[title='token view']")

@@ -5,8 +5,10 @@ a twotower model and a short text and read the metric next to the token view of 
 A Space runs it as a script (`python app.py`); the tests import it and launch `demo` on 127.0.0.1.
 """
 
+import argparse
 import html
 import json
+import os
 from pathlib import Path
 
 import evaluate
@@ -16,6 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 import modeling_twotower  # noqa: F401 (registers the twotower classes: the model code is this copy, never a repo's)
+from model_source import MAX_DOWNLOAD_VARIABLE, MODEL_DIR_VARIABLE, ModelSourceError, served_model_path
 from token_kinds import detect_scheme, letter_case, token_kind
 from token_view import render_token_view, token_texts
 
@@ -123,7 +126,11 @@ def type_categories(tokens, tokenizer):
 
 def score_text(model_name_or_path, text, min_count):
     """The token view of `text` (in a frame: the page keeps its own script and style) and the metric's results."""
-    model, tokenizer = load_model(model_name_or_path.strip())
+    try:  # a Hub id or a folder under the model directory; no other path is opened
+        model_path = served_model_path(model_name_or_path)
+    except ModelSourceError as error:
+        raise gr.Error(str(error)) from error
+    model, tokenizer = load_model(model_path)
     passages = text_passages(model, tokenizer, text)
     scored = [np.isfinite(passage["gold_logprobs"][0]) for passage in passages]
     token_ids = np.concatenate([np.asarray(p["token_ids"])[mask] for p, mask in zip(passages, scored)])
@@ -134,7 +141,7 @@ def score_text(model_name_or_path, text, min_count):
         towers = model.config.num_towers
         probe_layout = {"probe_towers": np.repeat(np.arange(towers), replicas).tolist(),
                         "probe_runs": np.tile(np.arange(replicas), towers).tolist()}  # fmt: skip
-    folder = Path(model_name_or_path.strip())
+    folder = Path(model_path)
     try:
         results = module.compute(
             token_ids=token_ids.tolist(), gold_logprobs=gold_logprobs.T.tolist(), min_count=int(min_count),
@@ -185,4 +192,12 @@ demo = gr.TabbedInterface(
 )
 
 if __name__ == "__main__":
+    launch_options = argparse.ArgumentParser(description="The tower_preference Space.")
+    launch_options.add_argument("--model_dir", help="serve the model folders under this directory too (default: Hub "
+                                "models only)")
+    launch_options.add_argument("--max_download_gb", type=float, help="the largest Hub model downloaded (default 2)")
+    launched = launch_options.parse_args()
+    for variable, value in ((MODEL_DIR_VARIABLE, launched.model_dir), (MAX_DOWNLOAD_VARIABLE, launched.max_download_gb)):
+        if value is not None:
+            os.environ[variable] = str(value)
     demo.launch()
