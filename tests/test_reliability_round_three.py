@@ -1,0 +1,340 @@
+"""
+Round three of docs/RELIABILITY.md: the feature cache, concurrent reports, the study's kept files, Markdown built
+from user data and the Space's model field. Each case gives one clear error (on the command line, one `error:` line
+with exit status 2) before any long work, and loses nothing.
+"""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM
+from test_probe_feature_cache import corpus, models, probe_config  # noqa: F401 (fixtures of the probe phase)
+from twotower.evaluation import score, study
+from twotower.evaluation.ablation import MeanAblation
+from twotower.evaluation.study_kept_files import check_kept_run, set_aside_if_damaged
+from twotower.training import run_setup
+from twotower.training import probe_cache
+from twotower.training.arguments import RESOLVED_CONFIG_NAME
+from twotower.training.checkpointing import check_resume_config
+from twotower.training.feature_cache_checks import ShardChanged, ShardWriter
+from twotower.training.run_folder import output_dir_lock, prepare_new_run
+from twotower.training.tokenizer import train_bpe_tokenizer
+from twotower.training.train import training_function
+from twotower.training.utils import cli
+from twotower.training.utils.errors import TwoTowerUserError
+
+VOCAB_SIZE = 96
+
+
+@pytest.fixture
+def command(monkeypatch, capsys):
+    """Run a command's main as `python -m` does (cli.run); returns (exit status, stderr)."""
+    monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
+
+    def run(main, argv):
+        with pytest.raises(SystemExit) as exited:
+            cli.run(main, [str(arg) for arg in argv])
+        return exited.value.code, capsys.readouterr().err
+
+    return run
+
+
+def assert_one_error_line(status, stderr, *parts):
+    assert status == cli.USER_ERROR_STATUS == 2
+    assert stderr.startswith("error: ") and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    for part in parts:
+        assert part in stderr, (part, stderr)
+
+
+# 1. every field of an edited config is named by its own name
+
+
+@pytest.mark.parametrize("field, edited, saved", [("hidden_size", 64, 32), ("max_position_embeddings", 64, 128),
+                                                  ("intermediate_size", 128, 256)])  # fmt: skip
+def test_an_edited_field_is_named_though_another_field_has_the_size(field, edited, saved, tmp_path):
+    # hidden_size 32 and max_position_embeddings 128: a fused width of 2 x 64 = 128 once hidden_size reads 64
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, hidden_size=32, max_position_embeddings=128)
+    assert getattr(config, field) == saved
+    TwoTowerForCausalLM(config).save_pretrained(tmp_path)
+    fields = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**fields, field: edited}))
+    with pytest.raises(TwoTowerCheckpointError) as raised:
+        TwoTowerForCausalLM.from_pretrained(tmp_path)
+    message = str(raised.value)
+    assert f"sets `{field}` to {edited}, but its weights were saved with {saved}" in message, message
+    assert f'Set `"{field}": {saved}`' in message
+
+
+# 2. a report folder is locked while a report is scored into it
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory, shared_data):
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    lines = (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text("".join(lines[:60]), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, text_file):
+    """A tiny causal model with trained-probe records and a BPE trained on the text, as training saves them."""
+    tokenizer = train_bpe_tokenizer(iter([text_file.read_text(encoding="utf-8").splitlines()]), 320)
+    torch.manual_seed(0)
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=320, max_position_embeddings=16, probe_training_steps=1)
+    folder = tmp_path_factory.mktemp("model")
+    TwoTowerForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_second_score_into_a_locked_report_folder_fails_at_once_and_keeps_the_report(
+    model_dir, text_file, tmp_path, command, monkeypatch, capsys
+):
+    report_dir = tmp_path / "report"
+    options = ["--model_dir", model_dir, "--output_dir", report_dir, "--validation_file", text_file,
+               "--block_size", 16, "--cpu", "true"]  # fmt: skip
+    score.main([str(option) for option in options])
+    capsys.readouterr()
+    written = {path.name: path.read_bytes() for path in report_dir.iterdir()}
+    assert "report.md" in written and not [name for name in written if "lock" in name or name.endswith(".tmp")]
+    loaded = []
+    monkeypatch.setattr(score, "load_two_tower", lambda *args: loaded.append(args))
+    with output_dir_lock(report_dir):  # another scoring run holds the folder
+        status, stderr = command(score.main, options)
+    assert_one_error_line(status, stderr, f"--output_dir {report_dir} is in use by another run (process {os.getpid()}")
+    assert not loaded  # refused before the model was loaded
+    assert {path.name: path.read_bytes() for path in report_dir.iterdir()} == written
+
+
+def test_report_staging_folders_are_unique_to_the_process(tmp_path, monkeypatch):
+    from twotower.evaluation import report
+
+    staged = []
+    real_files = report._write_report_files
+    monkeypatch.setattr(report, "_write_report_files", lambda folder, *args: (staged.append(folder),
+                                                                               real_files(folder, *args)))  # fmt: skip
+    result = planted_result()
+    metadata = {"model": {"path": "m"}, "data": {"description": "d", "num_blocks": 1, "block_size": 8},
+                "perplexity": {"joint": 1.0, "probes": [1.0, 1.0]}}  # fmt: skip
+    tokens = [f"t{token_id}" for token_id in result.token_ids]
+    for _ in range(2):
+        report.write_report(tmp_path, metadata, result, tokens)
+    assert staged[0] != staged[1] and all(folder.parent == tmp_path and not folder.exists() for folder in staged)
+
+
+def planted_result():
+    from test_templates import two_tower_result
+
+    return two_tower_result()
+
+
+# 3, 8, 9. the disk feature cache: its budget, its checksums, and a shard changed under the run
+
+
+def damage_on_second_read(monkeypatch, damage):
+    """The probe run's disk cache damaged (by `damage(path)`) between its first and second read."""
+    reads = []
+    real_batch = probe_cache.FeatureCache.replica_batch
+
+    def replica_batch(self, positions):
+        reads.append(1)
+        if len(reads) == 2:
+            damage(self.shard.path)
+        return real_batch(self, positions)
+
+    monkeypatch.setattr(probe_cache.FeatureCache, "replica_batch", replica_batch)
+
+
+def truncate(path):
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def rewrite_with_random_bytes(path):
+    path.write_bytes(np.random.default_rng(0).bytes(path.stat().st_size))
+
+
+@pytest.mark.parametrize("damage, change", [(truncate, "it was cut to or grown to"),
+                                            (rewrite_with_random_bytes, "it was rewritten")])  # fmt: skip
+def test_a_cache_changed_under_the_run_stops_it_naming_the_shard(damage, change, models, corpus, tmp_path,
+                                                                 monkeypatch):
+    damage_on_second_read(monkeypatch, damage)
+    with pytest.raises(ShardChanged) as raised:
+        training_function(probe_config(models["causal"], corpus, tmp_path, probe_feature_cache="disk"))
+    shard = tmp_path / probe_cache.CACHE_DIR / "train_process0.bin"
+    assert str(raised.value).startswith(f"The probe feature cache {shard} changed while this run read it: {change}")
+    assert "the cache is built anew" in str(raised.value)
+    assert not list(tmp_path.glob(".run.lock*"))  # the run folder's lock released, its files removed
+
+
+def test_a_shard_that_does_not_verify_when_mapped_is_built_again(models, corpus, tmp_path, monkeypatch, capsys):
+    expected = training_function(probe_config(models["causal"], corpus, tmp_path / "clean", probe_feature_cache="disk"))
+    closes = []
+    real_close = ShardWriter.close
+
+    def close_then_damage(self):
+        real_close(self)
+        closes.append(self.path)
+        if len(closes) == 1:  # the first shard built: one byte flipped after its checksum was written
+            data = bytearray(self.path.read_bytes())
+            data[0] ^= 0xFF
+            self.path.write_bytes(bytes(data))
+
+    monkeypatch.setattr(ShardWriter, "close", close_then_damage)
+    result = training_function(probe_config(models["causal"], corpus, tmp_path / "damaged", probe_feature_cache="disk"))
+    shard = tmp_path / "damaged" / probe_cache.CACHE_DIR / "train_process0.bin"
+    assert f"The probe feature cache {shard} does not verify: its bytes do not match the sha256" in capsys.readouterr().out
+    assert closes.count(shard) == 2  # built again, then trained on
+    assert result["train_losses"] == expected["train_losses"] and result["eval_metrics"] == expected["eval_metrics"]
+
+
+def test_an_explicit_disk_cache_over_its_budget_is_refused_before_the_towers_run(models, corpus, tmp_path,
+                                                                               monkeypatch):
+    built = []
+    monkeypatch.setattr(probe_cache, "build_feature_cache", lambda *args, **kwargs: built.append(args))
+    config = probe_config(models["causal"], corpus, tmp_path, probe_feature_cache="disk", probe_cache_max_gb=1e-9)
+    with pytest.raises(TwoTowerUserError, match=r"> --probe_cache_max_gb 1e-09: --probe_feature_cache disk does not "
+                                                r"fit its budget; raise --probe_cache_max_gb"):  # fmt: skip
+        training_function(config)
+    assert not built and not (tmp_path / probe_cache.CACHE_DIR).exists()
+
+
+def test_every_explicit_cache_mode_honours_its_budget_or_says_why_none_applies():
+    sizes = dict(probe_type="mlp", num_towers=2, hidden_size=4, dtype=torch.float32, train_positions=100,
+                 validation_positions=25, free_memory_bytes=10_000, free_disk_bytes=1_000_000)  # fmt: skip
+    cache_bytes = 125 * 2 * 4 * 4  # 4000 bytes
+    assert probe_cache.plan_feature_cache("memory", **sizes).cache_bytes == cache_bytes
+    with pytest.raises(TwoTowerUserError, match="= 4.0 kB > 4.0 kB, the free memory: --probe_feature_cache memory does not fit"):
+        probe_cache.plan_feature_cache("memory", **{**sizes, "free_memory_bytes": cache_bytes - 1})
+    with pytest.raises(TwoTowerUserError, match="the output folder's free disk: --probe_feature_cache disk does not"):
+        probe_cache.plan_feature_cache("disk", **{**sizes, "free_disk_bytes": cache_bytes - 1})
+    assert probe_cache.plan_feature_cache("disk", **sizes, probe_cache_max_gb=4e-6).message.endswith(
+        "(<= --probe_cache_max_gb 4e-06)")
+    for mode in ("memory", "none"):
+        assert probe_cache.plan_feature_cache(mode, **sizes, probe_cache_max_gb=1e-9).message.endswith(
+            f"(--probe_cache_max_gb bounds a disk cache only: not applied to --probe_feature_cache {mode})")
+
+
+# 13. an option a probe checkpoint cannot be resumed with, refused before tokenizing
+
+
+def test_a_probe_checkpoint_resumed_with_disjoint_replica_data_is_refused_before_tokenizing(
+    models, corpus, tmp_path, monkeypatch
+):
+    training_function(probe_config(models["causal"], corpus, tmp_path, checkpointing_steps=2, max_train_steps=2,
+                                   num_train_epochs=1))  # fmt: skip
+    tokenized = []
+    monkeypatch.setattr(run_setup, "tokenize_and_group", lambda *args, **kwargs: tokenized.append(args))
+    resumed = probe_config(models["causal"], corpus, tmp_path, checkpointing_steps=2, max_train_steps=4,
+                           num_train_epochs=1, resume_from_checkpoint="latest", probe_replica_data="disjoint",
+                           allow_config_change=True)  # fmt: skip
+    with pytest.raises(TwoTowerUserError) as raised:
+        training_function(resumed)
+    assert str(raised.value).startswith(f"--probe_replica_data disjoint cannot resume {tmp_path / 'checkpoints'}")
+    assert "taken with --probe_replica_data shared, even with --allow_config_change" in str(raised.value)
+    assert "Resume with --probe_replica_data shared" in str(raised.value)
+    assert not tokenized
+
+
+# 4. the study's kept files, checked as they are read
+
+
+def kept_run(folder: Path, name: str) -> Path:
+    """A kept run as keep_run_results leaves it: run.json, a text's preference.json and gzipped table."""
+    kept = folder / name
+    (kept / "scores" / "text").mkdir(parents=True)
+    (kept / "run.json").write_text(json.dumps({"run": {"name": name}, "probe": {}}))
+    (kept / "scores" / "text" / "preference.json").write_text(json.dumps({"summary": {}}))
+    (kept / "scores" / "text" / "preference_per_token.csv.gz").write_bytes(gzip.compress(b"token_id,count\n1,2\n"))
+    return kept
+
+
+@pytest.mark.parametrize("damaged", ["run.json", "scores/text/preference.json", "scores/text/preference_per_token.csv.gz"])
+def test_a_damaged_kept_file_is_named_and_only_its_run_set_aside(damaged, tmp_path, capsys):
+    runs = [kept_run(tmp_path, name) for name in ("a-t2-s0", "a-t2-s1")]
+    untouched = {path: path.read_bytes() for path in runs[1].rglob("*") if path.is_file()}
+    path = runs[0] / damaged
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # cut short
+    with pytest.raises(TwoTowerUserError) as raised:
+        check_kept_run(runs[0])
+    assert f"The kept results of run a-t2-s0 are damaged: {path} cannot be read" in str(raised.value)
+    assert "--runs '^a-t2-s0$'" in str(raised.value)
+    check_kept_run(runs[1])
+    assert set_aside_if_damaged(runs[0], "[1/2]") and not set_aside_if_damaged(runs[1], "[2/2]")
+    assert not runs[0].exists() and (tmp_path / ".a-t2-s0.damaged" / damaged).is_file()  # nothing lost
+    assert f"a-t2-s0: its kept results are damaged ({path} cannot be read" in capsys.readouterr().out
+    assert {path: path.read_bytes() for path in runs[1].rglob("*") if path.is_file()} == untouched
+
+
+def test_a_finished_run_whose_run_json_was_cut_is_run_again(tmp_path, monkeypatch):
+    run = type("Run", (), {"name": "a-t2-s0"})()
+    run_dir = tmp_path / "out" / "runs" / run.name
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"run": {"name": "a-t2-')  # cut while written by an earlier version
+    calls = []
+    monkeypatch.setattr(study, "run_one", lambda *args: calls.append("run_one"))
+    monkeypatch.setattr(study, "keep_run_results", lambda *args: calls.append("keep"))
+    monkeypatch.setattr(study, "training_texts", lambda *args: {})
+    study.finish_run(None, run, tmp_path, tmp_path / "out", tmp_path / "report" / "runs" / run.name, False, "[1/1]")
+    assert calls == ["run_one", "keep"]
+    with pytest.raises(TwoTowerUserError, match=f"{run_dir / 'run.json'} cannot be read .*: it is damaged or cut "
+                                                r"short; run the study again with --runs '\^a-t2-s0\$'"):  # fmt: skip
+        study.load_run_summary(run_dir / "run.json")
+
+
+# 5. every regular expression from the command line, checked when parsed
+
+
+def test_a_runs_pattern_that_is_not_a_regular_expression_is_refused_when_parsed(tmp_path, command, monkeypatch):
+    monkeypatch.setattr(study, "run_study", lambda *args: pytest.fail("the study started"))
+    status, stderr = command(study.main, ["--runs", "(", "--data_dir", tmp_path, "--output_dir", tmp_path / "out"])
+    assert_one_error_line(status, stderr, "--runs '(' is not a regular expression (missing ), unterminated "
+                                          "subpattern at position 0)", "e.g. --runs '^gpt-t2-s0$'")  # fmt: skip
+    status, stderr = command(score.main, ["--model_dir", tmp_path, "--output_dir", tmp_path / "r",
+                                          "--validation_file", tmp_path, "--document_pattern", "["])  # fmt: skip
+    assert_one_error_line(status, stderr, "`document_pattern` '[' is not a regular expression")
+
+
+# 6. --overwrite_output_dir over a link
+
+
+def test_overwrite_output_dir_refuses_a_link_before_removing_anything(tmp_path):
+    run, user = tmp_path / "run", tmp_path / "user"
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    (run / "checkpoints" / "step_1" / "progress.json").write_text("{}")
+    user.mkdir()
+    (user / "thesis.tex").write_text("the user's")
+    (run / "runs").symlink_to(user)
+    with pytest.raises(TwoTowerUserError) as raised:
+        prepare_new_run(run, overwrite_output_dir=True)
+    assert str(raised.value).startswith(f"--overwrite_output_dir would remove {run / 'runs'}, but it is a symbolic "
+                                        f"link (to {user}), whose files are not the run's to remove; nothing was "
+                                        "removed.")  # fmt: skip
+    assert (run / "checkpoints" / "step_1" / "progress.json").is_file() and (user / "thesis.tex").is_file()
+
+
+# 7. MeanAblation given the features of other towers
+
+
+def test_mean_ablation_names_features_of_other_towers():
+    model = TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB_SIZE))
+    ablation = MeanAblation(torch.zeros(2, 64), VOCAB_SIZE)
+    targets = torch.tensor([1, 2, 3])
+    with pytest.raises(ValueError, match=r"MeanAblation holds means of shape \[2, 64\] \(\[towers, hidden\]\) but was "
+                                         r"given features of shape \[1, 3, 64\]"):  # fmt: skip
+        ablation.update(model, torch.zeros(1, 3, 64), targets, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"`joint_nll_per_position` has shape \[2\], the features hold 3 positions"):
+        ablation.update(model, torch.zeros(2, 3, 64), targets, torch.zeros(2))
+    with torch.inference_mode():  # as scoring runs it
+        increases = ablation.update(model, torch.zeros(2, 3, 64), targets, torch.zeros(3))
+    assert increases.shape == (2, 3)
