@@ -338,3 +338,163 @@ def test_mean_ablation_names_features_of_other_towers():
     with torch.inference_mode():  # as scoring runs it
         increases = ablation.update(model, torch.zeros(2, 3, 64), targets, torch.zeros(3))
     assert increases.shape == (2, 3)
+
+
+# 10. user data in Markdown: report.md, the model card and the study's names render inert
+
+
+HOSTILE = '"><img src=x onerror="window.__ran=1">[a](javascript:window.__ran=2)`<script>window.__ran=3</script>|_*'
+
+
+def rendered_in_chromium(chromium, markdown_text: str):
+    """The Markdown rendered as MkDocs and the Hub render it (Python-Markdown, tables), opened in Chromium."""
+    import markdown
+
+    page = chromium.new_page()
+    page.set_content(f"<html><body>{markdown.markdown(markdown_text, extensions=['tables'])}</body></html>")
+    page.wait_for_timeout(200)  # an onerror handler would have run by now
+    return page
+
+
+def assert_inert(page):
+    assert page.evaluate("window.__ran") is None  # no handler, script or link ran
+    assert page.locator("img[src=x], script, a[href^=javascript]").count() == 0
+
+
+def test_report_md_shows_hostile_names_as_written(chromium):
+    from test_templates import two_tower_result
+
+    from twotower.evaluation import report
+
+    result = two_tower_result()
+    metadata = {"model": {"path": f"/models/{HOSTILE}/model"},
+                "data": {"description": f"local text {HOSTILE}.txt", "num_blocks": 3, "block_size": 32},
+                "perplexity": {"joint": 12.0, "probes": [20.0, 21.5]}, "summary": result.summary}  # fmt: skip
+    tokens = [f"{HOSTILE}{token_id}" for token_id in result.token_ids]
+    page = rendered_in_chromium(chromium, report.render_markdown(metadata, report.per_token_table(result, tokens)))
+    assert_inert(page)
+    text = page.inner_text("body")
+    assert f"Model: /models/{HOSTILE}/model (2 towers). Data: local text {HOSTILE}.txt, 3 blocks" in text
+    page.close()
+
+
+def test_the_model_card_shows_hostile_names_as_written(chromium):
+    import jinja2
+
+    from twotower.training.model_card import CARD_FUNCTIONS, model_card_template, phase_config
+
+    template = jinja2.Template(model_card_template().read_text(encoding="utf-8"))
+    config = dict(phase="pretrain", train_file=f"/data/{HOSTILE}.txt", validation_file=f"{HOSTILE}.txt",
+                  tokenizer_name_or_path=HOSTILE, block_size=8, tokenizer_vocab_size=300, max_train_steps=10,
+                  per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=1e-3, adam_beta1=0.9,
+                  adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.1, max_grad_norm=1.0, lr_scheduler_type="cosine",
+                  num_warmup_steps=1, seed=1)  # fmt: skip
+    card = template.render(phases=[phase_config(config)], family={"objective": "causal"}, model_name=HOSTILE,
+                           architecture={"num_parameters": 0, "num_probe_parameters": 0}, hardware=HOSTILE,
+                           **CARD_FUNCTIONS)  # fmt: skip
+    page = rendered_in_chromium(chromium, card)
+    assert_inert(page)
+    text = page.inner_text("body")
+    assert page.inner_text("h1") == HOSTILE and f"Hardware: {HOSTILE}." in text
+    shown_paths = [phase_config(config)[key] for key in ("train_file", "validation_file", "tokenizer_name_or_path")]
+    assert all(f"{path}" in text for path in shown_paths) and any("img" in path for path in shown_paths)
+    page.close()
+
+
+def test_study_recipe_names_are_plain_names(tmp_path):
+    from twotower.evaluation.study_config import load_study_config
+
+    recipe = yaml.safe_load((Path(study.__file__).parent / "study_recipes" / "cpu.yaml").read_text())
+    recipe["families"] = {HOSTILE: recipe["families"]["causal"]}
+    (tmp_path / "hostile.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(TwoTowerUserError, match=r"The study recipe's families has the name '\"><img src=x .*a name is a "
+                                                r"folder name and a word of the results document"):  # fmt: skip
+        load_study_config(str(tmp_path / "hostile.yaml"))
+
+
+# 11. the Space serves models, not the file system
+
+
+@pytest.fixture
+def space_module(monkeypatch):
+    """app.py's model_source, imported as the Space imports it (its folder on the path)."""
+    monkeypatch.syspath_prepend(str(Path(score.__file__).parent / "tower_preference"))
+    import model_source
+
+    return model_source
+
+
+def test_a_hub_model_over_the_download_limit_is_refused_before_any_download(space_module, monkeypatch):
+    files = [("config.json", 1_000), ("model.safetensors", 3_000_000_000), ("pytorch_model.bin", 9_000_000_000)]
+    info = type("Info", (), {"sha": "abc", "siblings": [type("File", (), {"rfilename": name, "size": size})()
+                                                        for name, size in files]})()  # fmt: skip
+    asked, downloaded = [], []
+    monkeypatch.setattr(space_module.HfApi, "model_info", lambda self, repo_id, **kwargs: asked.append(kwargs) or info)
+    monkeypatch.setattr(space_module, "snapshot_download", lambda *args, **kwargs: downloaded.append(kwargs) or "/x")
+    with pytest.raises(space_module.ModelSourceError, match=r"'owner/big' is 3.00 GB; this Space downloads at most "
+                                                            r"2.00 GB"):  # fmt: skip
+        space_module.served_model_path("owner/big")
+    assert asked == [{"files_metadata": True}] and not downloaded
+    monkeypatch.setenv(space_module.MAX_DOWNLOAD_VARIABLE, "4")  # --max_download_gb 4: the .bin is never fetched
+    assert space_module.served_model_path(" owner/big ") == "/x"
+    assert downloaded == [{"revision": "abc", "allow_patterns": ["*.json", "*.safetensors", "*.txt", "*.model"]}]
+
+
+def test_the_space_opens_no_path_outside_its_model_directory(space_module, tmp_path, monkeypatch):
+    models_dir = tmp_path / "models"
+    (models_dir / "mine").mkdir(parents=True)
+    (models_dir / "out").symlink_to("/etc")
+    monkeypatch.setenv(space_module.MODEL_DIR_VARIABLE, str(models_dir))
+    sent_to_hub = []
+    monkeypatch.setattr(space_module, "download_hub_model", lambda name: sent_to_hub.append(name) or "/hub")
+    assert space_module.served_model_path("mine") == str((models_dir / "mine").resolve())
+    messages = set()
+    for outside in ("/etc", "/etc/passwd", "/no/such/folder", "../../etc", "../models/../../etc", "mine/../../out"):
+        with pytest.raises(space_module.ModelSourceError) as raised:
+            space_module.served_model_path(outside)
+        messages.add(str(raised.value))
+    assert messages == {space_module.not_served_message()} and "/etc" not in space_module.not_served_message()
+    # a link out of the model directory is not served; its name, shaped like a Hub id, goes to the Hub, never to disk
+    assert [space_module.served_model_path(name) for name in ("out", "out/ssl")] == ["/hub", "/hub"]
+    assert sent_to_hub == ["out", "out/ssl"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_space_in_a_browser_answers_alike_for_paths_that_exist_and_do_not(tmp_path, chromium, monkeypatch):
+    import importlib.util
+
+    metric_dir = Path(score.__file__).parent / "tower_preference"
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    monkeypatch.setenv("TOWER_PREFERENCE_MODEL_DIR", str(tmp_path))  # the Space's --model_dir
+    monkeypatch.syspath_prepend(str(metric_dir))
+    spec = importlib.util.spec_from_file_location("tower_preference_space_app_paths", metric_dir / "app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    port = free_port()
+    app.demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        page = chromium.new_page()
+        page.goto(f"http://127.0.0.1:{port}")
+        page.get_by_role("tab", name="A model and a text").click()
+        shown = {}
+        for path in ("/etc", "/root", "/no/such/folder", "/etc/passwd"):
+            page.get_by_label("model: a twotower model").fill(path)
+            page.get_by_label("text: a short text to score").fill("a short text")
+            page.locator("button:visible", has_text="Submit").click()
+            toast = page.get_by_text("This Space serves Hub models").last
+            toast.wait_for(timeout=30_000)
+            shown[path] = toast.inner_text()
+            page.reload()
+            page.get_by_role("tab", name="A model and a text").click()
+        assert len(set(shown.values())) == 1, shown
+        assert next(iter(shown.values())).startswith("This Space serves Hub models and opens no other path")
+        page.close()
+    finally:
+        app.demo.close()
