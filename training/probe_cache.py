@@ -229,7 +229,7 @@ def build_feature_cache(
         kept_counts.append(counts.cpu())
     targets = torch.cat(kept_targets)
     if disk is None:
-        features = torch.cat(kept_features)
+        features, shard = torch.cat(kept_features), None
     else:
         disk.close()
         shape = (len(targets), *rows.shape[1:])
@@ -237,8 +237,7 @@ def build_feature_cache(
         features = torch.from_numpy(array)
         if dtype == torch.bfloat16:
             features = features.view(torch.bfloat16)
-    return FeatureCache(features, targets, len(blocks), block_starts_of(torch.cat(kept_counts)),
-                        shard if disk is not None else None)
+    return FeatureCache(features, targets, len(blocks), block_starts_of(torch.cat(kept_counts)), shard)
 
 
 def predicted_counts(blocks, collator, objective: str, batch_size: int = 1024) -> torch.LongTensor:
@@ -371,6 +370,7 @@ def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str
     for split, collator in zip(SPLITS, collators):
         disk_file = None if folder is None else folder / f"{split}_process{accelerator.process_index}.bin"
         with_dropout = config.probe_backbone_dropout and split == "train"
+
         def build(split=split, collator=collator, disk_file=disk_file, with_dropout=with_dropout):
             with backbone_dropout(model, config.seed, accelerator.device) if with_dropout else contextlib.nullcontext():
                 return build_feature_cache(accelerator, model, shares[split], collator, objective,
