@@ -71,7 +71,8 @@ setup(
         "deepspeed": ["deepspeed>=0.15"],
         # the suite builds the docs site, and opens the token view and the metric's Space in Chromium (Playwright
         # drives the system's Chromium: .ci/run installs Debian's package)
-        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "markdown>=3.5", "gradio==6.31.0", *DOCS_REQUIRES],
+        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "markdown>=3.5", "gradio==6.31.0",
+                 *DOCS_REQUIRES],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -53,7 +53,7 @@ def _parquet_problem(path: Path) -> str | None:
 
 
 def kept_run_problem(kept_dir: Path) -> str | None:
-    """The first damaged file of a kept run (its run.json, every preference.json, table, sums and tokenizer), or None."""
+    """The first damaged file of a kept run (run.json, each preference.json, table, sums, tokenizer), or None."""
     kept_dir = Path(kept_dir)
     for path in sorted(kept_dir.rglob("*")):
         if path.suffix == ".json":

@@ -193,7 +193,8 @@ def test_a_shard_that_does_not_verify_when_mapped_is_built_again(models, corpus,
     monkeypatch.setattr(ShardWriter, "close", close_then_damage)
     result = training_function(probe_config(models["causal"], corpus, tmp_path / "damaged", probe_feature_cache="disk"))
     shard = tmp_path / "damaged" / probe_cache.CACHE_DIR / "train_process0.bin"
-    assert f"The probe feature cache {shard} does not verify: its bytes do not match the sha256" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"The probe feature cache {shard} does not verify: its bytes do not match the sha256" in printed
     assert closes.count(shard) == 2  # built again, then trained on
     assert result["train_losses"] == expected["train_losses"] and result["eval_metrics"] == expected["eval_metrics"]
 
@@ -214,7 +215,8 @@ def test_every_explicit_cache_mode_honours_its_budget_or_says_why_none_applies()
                  validation_positions=25, free_memory_bytes=10_000, free_disk_bytes=1_000_000)  # fmt: skip
     cache_bytes = 125 * 2 * 4 * 4  # 4000 bytes
     assert probe_cache.plan_feature_cache("memory", **sizes).cache_bytes == cache_bytes
-    with pytest.raises(TwoTowerUserError, match="= 4.0 kB > 4.0 kB, the free memory: --probe_feature_cache memory does not fit"):
+    with pytest.raises(TwoTowerUserError, match="= 4.0 kB > 4.0 kB, the free memory: --probe_feature_cache memory "
+                                                "does not fit"):  # fmt: skip
         probe_cache.plan_feature_cache("memory", **{**sizes, "free_memory_bytes": cache_bytes - 1})
     with pytest.raises(TwoTowerUserError, match="the output folder's free disk: --probe_feature_cache disk does not"):
         probe_cache.plan_feature_cache("disk", **{**sizes, "free_disk_bytes": cache_bytes - 1})
@@ -259,7 +261,8 @@ def kept_run(folder: Path, name: str) -> Path:
     return kept
 
 
-@pytest.mark.parametrize("damaged", ["run.json", "scores/text/preference.json", "scores/text/preference_per_token.csv.gz"])
+@pytest.mark.parametrize("damaged", ["run.json", "scores/text/preference.json",
+                                     "scores/text/preference_per_token.csv.gz"])
 def test_a_damaged_kept_file_is_named_and_only_its_run_set_aside(damaged, tmp_path, capsys):
     runs = [kept_run(tmp_path, name) for name in ("a-t2-s0", "a-t2-s1")]
     untouched = {path: path.read_bytes() for path in runs[1].rglob("*") if path.is_file()}
@@ -407,8 +410,8 @@ def test_study_recipe_names_are_plain_names(tmp_path):
     recipe = yaml.safe_load((Path(study.__file__).parent / "study_recipes" / "cpu.yaml").read_text())
     recipe["families"] = {HOSTILE: recipe["families"]["causal"]}
     (tmp_path / "hostile.yaml").write_text(yaml.safe_dump(recipe))
-    with pytest.raises(TwoTowerUserError, match=r"The study recipe's families has the name '\"><img src=x .*a name is a "
-                                                r"folder name and a word of the results document"):  # fmt: skip
+    with pytest.raises(TwoTowerUserError, match=r"The study recipe's families has the name '\"><img src=x .*a name "
+                                                r"is a folder name and a word of the results document"):  # fmt: skip
         load_study_config(str(tmp_path / "hostile.yaml"))
 
 

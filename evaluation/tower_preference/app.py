@@ -197,7 +197,8 @@ if __name__ == "__main__":
                                 "models only)")
     launch_options.add_argument("--max_download_gb", type=float, help="the largest Hub model downloaded (default 2)")
     launched = launch_options.parse_args()
-    for variable, value in ((MODEL_DIR_VARIABLE, launched.model_dir), (MAX_DOWNLOAD_VARIABLE, launched.max_download_gb)):
+    for variable, value in ((MODEL_DIR_VARIABLE, launched.model_dir),
+                            (MAX_DOWNLOAD_VARIABLE, launched.max_download_gb)):
         if value is not None:
             os.environ[variable] = str(value)
     demo.launch()

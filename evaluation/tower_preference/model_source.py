@@ -61,7 +61,8 @@ def download_hub_model(repo_id: str) -> str:
     try:
         info = HfApi().model_info(repo_id, files_metadata=True)
     except Exception as error:  # noqa: BLE001 (not found, gated, offline: huggingface_hub's errors vary)
-        raise ModelSourceError(f"The Hub model {repo_id!r} cannot be read ({type(error).__name__}); check the id.") from error
+        message = f"The Hub model {repo_id!r} cannot be read ({type(error).__name__}); check the id."
+        raise ModelSourceError(message) from error
     size = sum(sibling.size or 0 for sibling in info.siblings or []
                if any(fnmatch.fnmatch(sibling.rfilename, pattern) for pattern in DOWNLOADED_FILES))  # fmt: skip
     if size > max_download_bytes():
