@@ -7,9 +7,6 @@ with exit status 2) before any long work, and loses nothing.
 import gzip
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +21,6 @@ from twotower.evaluation.ablation import MeanAblation
 from twotower.evaluation.study_kept_files import check_kept_run, set_aside_if_damaged
 from twotower.training import run_setup
 from twotower.training import probe_cache
-from twotower.training.arguments import RESOLVED_CONFIG_NAME
-from twotower.training.checkpointing import check_resume_config
 from twotower.training.feature_cache_checks import ShardChanged, ShardWriter
 from twotower.training.run_folder import output_dir_lock, prepare_new_run
 from twotower.training.tokenizer import train_bpe_tokenizer
