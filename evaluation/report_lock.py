@@ -5,6 +5,7 @@ process that holds it, instead of losing its whole scoring pass at the end.
 """
 
 import functools
+import tempfile
 from pathlib import Path
 
 from twotower.training.run_folder import output_dir_lock
@@ -20,7 +21,9 @@ def report_folder_locked(score):
         created = not folder.exists()
         try:
             folder.mkdir(parents=True, exist_ok=True)
-        except OSError:  # a file in its path, no permission: check_output_dir names why, before any work
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError:  # a file in its path, a read-only folder: check_output_dir names why, before any work
             return score(model_dir, output_dir, **options)
         try:
             with output_dir_lock(folder):
