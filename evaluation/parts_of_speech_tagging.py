@@ -17,6 +17,7 @@ when a text is tagged, and only the components that `token.pos_` needs are loade
     tags.type_tags()                             # {token id: UPOS} of the types at or above the threshold
 """
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ def tagger_available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("spacy", MODEL_PACKAGE))
 
 
+@functools.cache  # loading takes seconds; one pipeline serves every text of a process
 def load_tagger():
     """spaCy's small English pipeline with only the components that tag UPOS; a clear message where it is missing."""
     try:
