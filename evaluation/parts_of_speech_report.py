@@ -32,7 +32,7 @@ def parts_of_speech_section(lines, tokenizer, result) -> dict:
     """
     preference.json's `parts_of_speech` for `result` (a PreferenceResult) of `lines` scored with `tokenizer`:
     {"available": True, "tagger", "threshold", "num_types" (eligible), "num_tagged_types", "num_below_threshold",
-    "num_not_in_text", "function_tags", "content_tags", "towers": [{"tower", "per_tag", "function_content"}]}; or
+    "num_without_tag", "function_tags", "content_tags", "towers": [{"tower", "per_tag", "function_content"}]}; or
     {"available": False, "install"} without the tagger. `lines` may be a callable returning them, so that the text
     is read only where it is tagged.
     """

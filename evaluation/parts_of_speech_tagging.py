@@ -102,7 +102,8 @@ class TypeTags:
 
     def summary(self, token_ids=None) -> dict:
         """The tagging in numbers, over `token_ids` (e.g. the eligible types) or every type seen: types tagged, left
-        out under the threshold, and not found in the tagged text."""
+        out under the threshold, and without a tag (never inside a tagged word: whitespace pieces, or not in the
+        text)."""
         table = self.table()
         if token_ids is not None:
             table = table[table["token_id"].isin(np.asarray(token_ids))]
@@ -113,7 +114,7 @@ class TypeTags:
             "num_types": num_requested,
             "num_tagged_types": int(table["tagged"].sum()),
             "num_below_threshold": int((~table["tagged"]).sum()),
-            "num_not_in_text": num_requested - len(table),
+            "num_without_tag": num_requested - len(table),
         }
 
 

@@ -276,7 +276,7 @@ def test_types_under_the_agreement_threshold_are_left_out_and_counted():
     assert tags.table()["agreement"].round(2).tolist() == [0.8, 0.7, 1.0]
     summary = tags.summary(token_ids=[1, 2, 3])
     assert (summary["num_types"], summary["num_tagged_types"], summary["num_below_threshold"],
-            summary["num_not_in_text"]) == (3, 1, 1, 1)  # fmt: skip
+            summary["num_without_tag"]) == (3, 1, 1, 1)  # fmt: skip
 
 
 def test_without_spacy_the_message_says_how_to_install_it(monkeypatch):
@@ -291,3 +291,30 @@ def test_without_spacy_the_message_says_how_to_install_it(monkeypatch):
     with pytest.raises(TwoTowerUserError, match=r'pip install "twotower\[pos\]"'):
         parts_of_speech_tagging.load_tagger()
     parts_of_speech_tagging.load_tagger.cache_clear()
+
+
+def test_the_metric_takes_type_tags_and_gives_the_same_figures(monkeypatch, tmp_path):
+    import os
+    import sys
+    from pathlib import Path
+
+    os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+    import evaluate
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    metric = evaluate.load("evaluation/tower_preference", cache_dir=str(tmp_path))
+    module_file = Path(sys.modules[type(metric).__module__].__file__)
+    assert (module_file.parent / "parts_of_speech.py").read_text() == parts_of_speech.__loader__.get_source(
+        parts_of_speech.__name__
+    )  # the Space ships it beside the script
+    token_ids, gold, type_tags = planted_predictions(2, function_gain=0.8, occurrences=6)
+    results = metric.compute(
+        token_ids=token_ids.tolist(), gold_logprobs=gold.T.tolist(), min_count=5,
+        type_tags={str(token_id): tag for token_id, tag in type_tags.items()},  # JSON keys are strings
+    )
+    core = compute_preference(token_ids, gold, min_count=5)
+    assert results["parts_of_speech"] == parts_of_speech_summary(core.token_ids, core.preference_nats, type_tags)
+    assert results["parts_of_speech"]["towers"][0]["function_content"]["z"] > 5
+    del results["parts_of_speech"]
+    assert results == core.to_dict()  # nothing else changes
