@@ -52,7 +52,9 @@ def load_tagger():
     try:
         import spacy
     except ImportError as error:
-        raise TwoTowerUserError(f"Tagging parts of speech needs spaCy and its English model: {INSTALL_HINT}.") from error
+        raise TwoTowerUserError(
+            f"Tagging parts of speech needs spaCy and its English model: {INSTALL_HINT}."
+        ) from error
     try:
         return spacy.load(MODEL_PACKAGE, exclude=list(UNNEEDED_COMPONENTS))
     except OSError as error:

@@ -43,7 +43,7 @@ CONFIDENCE = 0.95
 
 
 def tag_group(tag: str) -> str:
-    """"function", "content" or "other" (NUM, PUNCT, SYM, X, INTJ, ...)."""
+    """The group of a UPOS tag: "function", "content" or "other" (NUM, PUNCT, SYM, X, INTJ, ...)."""
     return "function" if tag in FUNCTION_TAGS else "content" if tag in CONTENT_TAGS else "other"
 
 
@@ -118,6 +118,7 @@ def function_content_contrast(preference, tags, permutations=NUM_PERMUTATIONS, s
         "null_mean_nats": float(null.mean()),
         "null_sd_nats": null_sd,
         "z": (abs(d) - float(null.mean())) / null_sd if null_sd > 0 else None,
+        # a permutation that reproduces the labels gives |d| again, up to rounding: it counts as at least as large
         "p_value": float((1 + np.sum(null >= abs(d) - 1e-12)) / (1 + permutations)),
         "num_function_types": num_function,
         "num_content_types": num_content,
