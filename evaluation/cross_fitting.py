@@ -127,6 +127,24 @@ class CrossFittedPreference:
             frames.append(pd.DataFrame(columns))
         return pd.concat(frames, ignore_index=True)
 
+    @classmethod
+    def from_type_sums(cls, table: pd.DataFrame, num_towers: int, replicas_per_tower: int) -> "CrossFittedPreference":
+        """The sums of a `type_sums` table (as a run keeps it in type_sums.parquet), ready for `compute`."""
+        cross_fit = cls(num_towers, replicas_per_tower, int(table["token_id"].max()) + 1)
+        half, token_id = table["half"].to_numpy(), table["token_id"].to_numpy()
+        cross_fit.count[half, token_id] = table["count"].to_numpy()
+        for probe in range(num_towers * replicas_per_tower):
+            cross_fit.sum_logprob[half, probe, token_id] = table[f"logprob_sum_probe{probe}"].to_numpy()
+        return cross_fit
+
+    def mean_preference(self, min_count: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids [types], preference [towers, types]) of the types seen at least `min_count` times in each half:
+        the mean of the four group-and-half preferences that the correlations compare (centered as they are)."""
+        eligible = (self.count >= min_count).all(axis=0)
+        preferences = [self._preference(half, group, eligible)
+                       for group in replica_groups(self.replicas_per_tower) for half in range(NUM_HALVES)]
+        return np.flatnonzero(eligible), np.mean(preferences, axis=0).T
+
     def _preference(self, half: int, replicas: list[int], eligible: np.ndarray) -> np.ndarray:
         """[types, towers]: each tower's mean log-prob over the group's replicas, centered over types and towers."""
         sums = self.sum_logprob[half].reshape(self.num_towers, self.replicas_per_tower, -1)[:, replicas]

@@ -53,6 +53,7 @@ from twotower.training.validation import perplexity
 
 from .ablation import ablation_summary
 from .cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
+from .parts_of_speech_report import parts_of_speech_section, scored_text_lines
 from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
 from .report_lock import report_folder_locked
 from .scoring_engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
@@ -78,7 +79,7 @@ DATA_FIELDS = (
 )
 SETTINGS_FIELDS = (
     "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas",
-    "ablation", "document_pattern",
+    "ablation", "document_pattern", "parts_of_speech",
 )
 # the allowed range of every bounded option (see twotower.training.utils.options.check_ranges); None is unset
 SCORING_RANGES = {
@@ -138,6 +139,9 @@ class ScoringArguments(DataArguments):
     # pass of the towers and one of the joint head per tower
     document_pattern: str | None = WIKITEXT_ARTICLE_HEADING  # cross-fitting: a line matching it starts a new
     # document, as does every file of the text; alternate documents form the two halves (evaluation/cross_fitting.py)
+    parts_of_speech: bool = True  # tag the scored text (spaCy: `pip install "twotower[pos]"`) for the preference per
+    # part of speech and the function/content contrast (evaluation/parts_of_speech_report.py); without spaCy,
+    # report.md says how to get them
 
     def __post_init__(self):
         """Every option checked now, before the model runs over the data."""
@@ -388,6 +392,8 @@ def score_model(model_dir, output_dir, **options):
         | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),
     }
     ablation = ablation_and_cross_fit(args, report, result, scores, cross_fit)
+    if args.parts_of_speech:
+        report["parts_of_speech"] = parts_of_speech_section(lambda: scored_text_lines(args), tokenizer, result)
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     token_view = None
     if args.token_view_blocks:

@@ -132,7 +132,8 @@ def score_text(probe_model_dir: Path, score_dir: Path, text_path: str, max_token
         return json.loads((score_dir / PREFERENCE_JSON).read_text()), None
     block_size = read_training_config(probe_model_dir)["block_size"]
     max_blocks = None if max_tokens is None else max(1, max_tokens // block_size)
-    options = {"block_size": block_size, "disable_tqdm": True, **scoring}
+    # parts of speech: each text is tagged once per tokenizer for all runs (parts_of_speech_study), not per scoring
+    options = {"block_size": block_size, "disable_tqdm": True, "parts_of_speech": False, **scoring}
     start = time.perf_counter()
     report = score_model(
         probe_model_dir,

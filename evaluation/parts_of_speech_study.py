@@ -1,0 +1,116 @@
+"""
+Endpoint 3 of the study's 2x2 (docs/study.md, "What causes the split"): the function-word against content-word
+contrast of one run, recomputed from what the study keeps, and its sign across seeds.
+
+A run keeps `type_sums.parquet` (evaluation/cross_fitting.py, CrossFittedPreference.type_sums: columns half,
+token_id, count and logprob_sum_probe{k}, probe k = tower * replicas_per_tower + replica). From it, each type's
+cross-fitted preference: replica group A's and group B's per-type preference on each half of the scored documents,
+as the cross-fitted correlation compares them, averaged over the two groups and two halves, over the types seen at
+least `min_count` times in each half. It is given in the report's units (a tower's mean log-probability minus the
+mean of the other towers', nats: with two towers tower 0 minus tower 1), less its mean over the types, which no
+difference of means reads. The types' tags come from tagging the scored text with the run's tokenizer
+(`tag_text(text, tokenizer).type_tags()`, once per text and tokenizer).
+
+    contrast = cross_fitted_function_content_contrast("run/type_sums.parquet", type_tags, replicas_per_tower=4)
+    contrast["d_nats"], contrast["z"], contrast["p_value"]
+    across = seeds_function_content_contrast([{"type_sums": ..., "type_tags": ...} for each seed])
+    across["runs"][seed]["d_nats"], across["sign_consistency"]
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from twotower.training.data import load_raw_datasets
+
+from .cross_fitting import CrossFittedPreference
+from .parts_of_speech_tagging import TypeTags, tag_lines
+from .tower_preference.parts_of_speech import NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast
+
+
+def read_type_sums(type_sums) -> pd.DataFrame:
+    """A type_sums table: a DataFrame as it is, or a run's type_sums.parquet (a path) read."""
+    if isinstance(type_sums, pd.DataFrame):
+        return type_sums
+    path = Path(type_sums)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a file; pass a run's type_sums.parquet or its table.")
+    return pd.read_parquet(path)
+
+
+def cross_fitted_tower_preference(type_sums, num_towers: int = 2, replicas_per_tower: int = 4, min_count: int = 10):
+    """
+    (token ids [types], preference [towers, types] in nats) of the types seen at least `min_count` times in each
+    half: the cross-fitted groups' per-type preferences averaged (module docstring).
+
+    Args:
+        type_sums: a run's type_sums table or the path of its type_sums.parquet.
+        num_towers, replicas_per_tower: the run's (probe k = tower * replicas_per_tower + replica).
+    """
+    table = read_type_sums(type_sums)
+    probes = sum(column.startswith("logprob_sum_probe") for column in table.columns)
+    if probes != num_towers * replicas_per_tower:
+        raise ValueError(
+            f"the table has {probes} probe columns, not num_towers x replicas_per_tower = "
+            f"{num_towers} x {replicas_per_tower}; pass the run's numbers."
+        )
+    cross_fit = CrossFittedPreference.from_type_sums(table, num_towers, replicas_per_tower)
+    token_ids, centered = cross_fit.mean_preference(min_count)
+    return token_ids, centered * num_towers / (num_towers - 1)  # from deviations from the towers' mean
+
+
+def cross_fitted_function_content_contrast(
+    type_sums, type_tags: dict, num_towers: int = 2, replicas_per_tower: int = 4, min_count: int = 10,
+    permutations: int = NUM_PERMUTATIONS, seed: int = 0,
+) -> dict:
+    """
+    One run's contrast d of tower 0 (function-word types minus content-word types, each type weighted equally), z
+    against the permutation null of the labels, and p (tower_preference.parts_of_speech.function_content_contrast),
+    with "num_eligible_types" (in both halves) and "num_tagged_types" (of them, those with a tag in type_tags).
+
+    Args:
+        type_sums: the run's type_sums table or the path of its type_sums.parquet.
+        type_tags: {token id: UPOS tag} of the types tagged on the scored text (TypeTags.type_tags()).
+    """
+    token_ids, preference = cross_fitted_tower_preference(type_sums, num_towers, replicas_per_tower, min_count)
+    tags = _tags_of(token_ids, type_tags)
+    contrast = function_content_contrast(preference[0], tags, permutations, seed)
+    return contrast | {"num_eligible_types": int(token_ids.size), "num_tagged_types": int((tags != "").sum())}
+
+
+def seeds_function_content_contrast(runs, min_count: int = 10, permutations: int = NUM_PERMUTATIONS, seed: int = 0):
+    """
+    The contrast of each seed's run after orienting its towers to the first run's (matched correlation of the
+    cross-fitted preference over the types both runs have), and the sign consistency of d.
+
+    Args:
+        runs: per seed, {"type_sums": table or path, "type_tags": {token id: UPOS}} and, where they are not 2 and 4,
+            "num_towers" and "replicas_per_tower". The first run is the reference.
+
+    Returns:
+        tower_preference.parts_of_speech.contrast_across_runs: {"runs": [contrast with "tower_mapping" and
+        "matched_correlation"], "sign_consistency"}.
+    """
+    oriented = []
+    for run in runs:
+        token_ids, preference = cross_fitted_tower_preference(
+            run["type_sums"], run.get("num_towers", 2), run.get("replicas_per_tower", 4), min_count
+        )
+        oriented.append(
+            {"token_ids": token_ids, "preference_nats": preference, "tags": _tags_of(token_ids, run["type_tags"])}
+        )
+    return contrast_across_runs(oriented, permutations, seed)
+
+
+def tag_text(text_path, tokenizer, text_column_name: str = "text") -> TypeTags:
+    """The tags of a scored text (a file or a folder of them, read line by line as the scoring command reads it) for
+    a run's tokenizer: tag it once per text and tokenizer, and pass `.type_tags()` to every run that shares them (the
+    table, `.table()`, saves as Parquet; its rows with `tagged` give the same dict)."""
+    lines = load_raw_datasets(None, train_file=str(text_path))["train"][text_column_name]
+    return tag_lines(lines, tokenizer)
+
+
+def _tags_of(token_ids, type_tags: dict) -> np.ndarray:
+    """[types] each type's tag, "" for a type without one (left out of the contrast)."""
+    return np.array([type_tags.get(int(token_id), "") for token_id in token_ids], dtype=object).astype(str)
