@@ -9,13 +9,14 @@ DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-pyt
 
 
 class BuildPyWithModelCard(build_py):
-    """build_py that also copies the top-level model_card.md into the built twotower/training package."""
+    """build_py that also copies the top-level model_card.md into the built twotower/evaluation/publishing package."""
 
     # The design keeps the model card template at the top level of the repository; the package needs a copy so
-    # that an installed wheel can publish without the source tree (training/model_card.py looks there first).
+    # that an installed wheel can publish without the source tree (evaluation/publishing/model_card.py looks there
+    # first).
     def run(self):
         super().run()
-        target = Path(self.build_lib) / "twotower" / "training" / "model_card.md"
+        target = Path(self.build_lib) / "twotower" / "evaluation" / "publishing" / "model_card.md"
         self.mkpath(str(target.parent))
         self.copy_file(str(Path(__file__).with_name("model_card.md")), str(target))
 
@@ -36,12 +37,17 @@ setup(
         "twotower.training",
         "twotower.training.utils",
         "twotower.evaluation",
+        "twotower.evaluation.publishing",
+        "twotower.evaluation.scoring",
+        "twotower.evaluation.study",
         "twotower.evaluation.tower_preference",
     ],
     package_dir={"twotower.training": "training", "twotower.evaluation": "evaluation"},
     package_data={
         "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],
-        "twotower.evaluation": ["lm_eval_task/*.py", "study_recipes/*.yaml", "templates/*.j2"],
+        "twotower.evaluation": ["lm_eval_task/*.py"],
+        "twotower.evaluation.scoring": ["templates/*.j2"],
+        "twotower.evaluation.study": ["recipes/*.yaml", "templates/*.j2"],
         "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py", "token_view.html.j2"],
     },
     install_requires=[

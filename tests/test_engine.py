@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.scoring_engine import ScoredPassages, score_blocks, scoring_passes
+from twotower.evaluation.scoring.engine import ScoredPassages, score_blocks, scoring_passes
 
 VOCAB, SEQ, BATCH, NUM_BATCHES = 99, 13, 5, 3
 MASK_TOKEN_ID, MASK_PASSES = 3, 7

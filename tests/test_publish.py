@@ -26,16 +26,16 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.torch import load_file, save_file
 
 from modeling_twotower import TwoTowerForCausalLM
-from twotower.evaluation.publish_metric import MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
-from twotower.evaluation.publish_metric import main as publish_metric_main
-from twotower.evaluation.report_files import PLOTS, REPLICA_PLOTS
-from twotower.evaluation.score import score_model
+from twotower.evaluation.publishing.publish_metric import MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
+from twotower.evaluation.publishing.publish_metric import main as publish_metric_main
+from twotower.evaluation.scoring.report_files import PLOTS, REPLICA_PLOTS
+from twotower.evaluation.scoring.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.model_card import PLOT_CAPTIONS
+from twotower.evaluation.publishing.model_card import PLOT_CAPTIONS
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.publish import main as publish_main
-from twotower.training.publish import portable, stage_model_repo
+from twotower.evaluation.publishing.publish import main as publish_main
+from twotower.evaluation.publishing.publish import portable, stage_model_repo
 from twotower.training.train import training_function
 from transformers import AutoTokenizer
 
@@ -318,8 +318,8 @@ def test_staged_repo_loads_from_a_hub_cache_offline_without_the_package(trained_
 
 STAGE_FROM_INSTALLED_WHEEL = """
 import sys
-from twotower.training.model_card import model_card_template
-from twotower.training.publish import stage_model_repo
+from twotower.evaluation.publishing.model_card import model_card_template
+from twotower.evaluation.publishing.publish import stage_model_repo
 
 print(model_card_template())
 stage_model_repo(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], hardware=sys.argv[5])
@@ -344,7 +344,15 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("twotower-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("twotower/training/model_card.md") == (repository / "model_card.md").read_bytes()
+        assert archive.read("twotower/evaluation/publishing/model_card.md") == (repository / "model_card.md").read_bytes()
+        shipped = set(archive.namelist())
+    # every data file of the package's folders ships: templates, recipes, the lm-eval task, the metric's files
+    data_files = {
+        f"twotower/{path.relative_to(repository).as_posix()}"
+        for folder in ("training", "evaluation") for path in (repository / folder).rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
+    } | {"twotower/evaluation/lm_eval_task/utils.py", "twotower/evaluation/tower_preference/app.py"}
+    assert data_files <= shipped, sorted(data_files - shipped)
     site = tmp_path / "site"
     installed = subprocess.run(
         [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True, timeout=300
@@ -359,7 +367,7 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     command = [sys.executable, "-c", STAGE_FROM_INSTALLED_WHEEL, *arguments]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == str(site / "twotower" / "training" / "model_card.md")
+    assert result.stdout.strip() == str(site / "twotower" / "evaluation" / "publishing" / "model_card.md")
     assert (output_dir / "README.md").read_text() == (staged_repo / "README.md").read_text()
 
 

@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation import PreferenceAccumulator, compute_preference
-from twotower.evaluation import compare, report, score
-from twotower.evaluation.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
+from twotower.evaluation import compare
+from twotower.evaluation.scoring import report, score
+from twotower.evaluation.scoring.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group

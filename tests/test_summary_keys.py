@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twotower.evaluation.study import SUMMARY_FIELDS, text_figures
+from twotower.evaluation.study.driver import SUMMARY_FIELDS, text_figures
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.evaluation.tower_preference.summary import (
     OCCURRENCE_SUMMARY_KEYS,
@@ -23,10 +23,10 @@ from twotower.evaluation.tower_preference.summary import (
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("evaluation", "training", "benchmarks", "modeling_twotower")
 # variables that hold a preference summary, besides `preference_summary` and `<report>["summary"]` anywhere
-SUMMARY_VARIABLES = {"evaluation/score.py": "summary", "evaluation/report.py": "summary",
-                     "training/model_card.py": "summary"}
+SUMMARY_VARIABLES = {"evaluation/scoring/score.py": "summary", "evaluation/scoring/report.py": "summary",
+                     "evaluation/publishing/model_card.py": "summary"}
 # run.json's figures of one scored text (study.text_figures), read as `scores` by the study's modules
-SCORES_READERS = ("evaluation/study_report.py", "evaluation/study_verdicts.py", "evaluation/study_long_run.py")
+SCORES_READERS = ("evaluation/study/document.py", "evaluation/study/verdicts.py", "evaluation/study/long_run.py")
 
 
 def planted_inputs(num_probes):
@@ -124,8 +124,8 @@ def test_every_reader_in_the_package_names_a_declared_key():
 
 def test_the_readers_checked_do_read_summaries():
     """The scan above sees the readers it is meant to: score.py's summary line, the study's tables."""
-    score = ast.parse((REPO / "evaluation/score.py").read_text())
+    score = ast.parse((REPO / "evaluation/scoring/score.py").read_text())
     assert {"reliability", "same_tower_floor_nats"} <= {key for key, _ in string_keys_read(score, named("summary"))}
-    study_report = ast.parse((REPO / "evaluation/study_report.py").read_text())
+    study_report = ast.parse((REPO / "evaluation/study/document.py").read_text())
     assert "two_tower_difference_nats" in {key for key, _ in string_keys_read(study_report, named("scores"))}
     assert set(SUMMARY_FIELDS) <= set(scored_text_figures())

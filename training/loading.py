@@ -11,7 +11,7 @@ from modeling_twotower.checkpoint_checks import check_weights_fit_config
 
 from .arguments import RESOLVED_CONFIG_NAME
 from .utils.errors import TwoTowerUserError
-from .model_folder import check_weight_files
+from twotower.evaluation.publishing.model_folder import check_weight_files
 from .objectives import objective_of
 
 MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}

@@ -20,8 +20,8 @@ from twotower.training.objectives import (
 )
 
 from .ablation import MeanAblation, joint_nll, tower_feature_means
-from .tower_preference.preference_stats import PreferenceAccumulator
-from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
+from ..tower_preference.preference_stats import PreferenceAccumulator
+from ..tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
 
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
@@ -158,7 +158,7 @@ def score_blocks(
     `passages` (a ScoredPassages) for the first blocks, and the first probe set's into `cross_fit` (a
     cross_fitting.CrossFittedPreference) with the document of each prediction (the batches' "document" [batch]).
     With `ablation`, a first pass of the towers takes each tower's mean feature, and the joint model's loss with each
-    tower mean-ablated feeds `BlockScores.ablation` (evaluation/ablation.py), and `cross_fit`'s per-type sums.
+    tower mean-ablated feeds `BlockScores.ablation` (evaluation/scoring/ablation.py), and `cross_fit`'s per-type sums.
     """
     probe_models = [model] if probe_models is None else list(probe_models)
     if accumulators is None:

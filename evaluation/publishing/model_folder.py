@@ -6,8 +6,8 @@ from pathlib import Path
 import yaml
 from safetensors import SafetensorError, safe_open
 
-from .arguments import RESOLVED_CONFIG_NAME
-from .utils.errors import TwoTowerUserError
+from twotower.training.arguments import RESOLVED_CONFIG_NAME
+from twotower.training.utils.errors import TwoTowerUserError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused: loading them runs code
 

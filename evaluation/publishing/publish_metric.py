@@ -9,8 +9,8 @@ it is given, so that it never runs a model repository's own code. It is staged i
 uploaded with huggingface_hub (create_repo with the gradio SDK, upload_folder; the token comes from HF_TOKEN or
 `hf auth login`).
 
-    python -m twotower.evaluation.publish_metric --output_dir outputs/hub --repo_id user/tower_preference --dry-run
-    python -m twotower.evaluation.publish_metric --output_dir outputs/hub --repo_id user/tower_preference
+    python -m twotower.evaluation.publishing.publish_metric --output_dir outputs/hub --repo_id user/tower_preference --dry-run
+    python -m twotower.evaluation.publishing.publish_metric --output_dir outputs/hub --repo_id user/tower_preference
 """
 
 import argparse
@@ -23,10 +23,10 @@ from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import push_to_hub
-from twotower.training.publish import describe_folder
+from .publish import describe_folder
 
 METRIC_NAME = "tower_preference"
-METRIC_DIR = Path(__file__).resolve().parent / METRIC_NAME
+METRIC_DIR = Path(__file__).resolve().parents[1] / METRIC_NAME
 # the metric script, the numerical modules it imports, the Space's app and its card, template and requirements
 SPACE_FILES = (*sorted(path.name for path in METRIC_DIR.glob("*.py") if path.name != "__init__.py"), "README.md",
                "requirements.txt", "token_view.html.j2")

@@ -97,7 +97,7 @@ class CrossFittedPreference:
             self.documents[half].update(np.unique(documents[in_half]).tolist())
 
     def update_ablation(self, token_ids, increases, documents) -> None:
-        """token_ids [n], increases [towers, n] (evaluation/ablation.py: the joint model's loss increase with each tower
+        """token_ids [n], increases [towers, n] (evaluation/scoring/ablation.py: the joint model's loss increase with each tower
         mean-ablated), documents [n], as in `update`."""
         token_ids, documents = np.asarray(token_ids), np.asarray(documents)
         if self.ablation_increase_sum is None:

@@ -63,7 +63,7 @@ BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tes
 
 def per_token_table(result, tokens, ablation=None):
     """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order;
-    `ablation`, the mean-ablation PreferenceResult of the same positions (evaluation/ablation.py), adds its columns."""
+    `ablation`, the mean-ablation PreferenceResult of the same positions (evaluation/scoring/ablation.py), adds its columns."""
     columns = {"token_id": result.token_ids, "token": tokens, "count": result.count}
     for name in ("mean_logprob", "preference_nats", "standard_error"):
         for tower_idx, values in enumerate(getattr(result, name)):
@@ -288,10 +288,10 @@ def top_tokens_tables(summary, table, is_replica):
     return tables
 
 
-def template_environment(**filters) -> jinja2.Environment:
-    """The documents' templates (evaluation/templates, shipped with the package), with the given filters."""
+def template_environment(templates_dir=TEMPLATES_DIR, **filters) -> jinja2.Environment:
+    """The templates in `templates_dir` (shipped with the package; the report's by default), with the given filters."""
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,  # a missing figure fails the render instead of printing nothing
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -378,7 +378,7 @@ def load_report(report_dir):
     if missing:
         raise FileNotFoundError(
             f"{report_dir} is not a tower preference report (missing {missing}); pass a folder written by "
-            "`python -m twotower.evaluation.score`."
+            "`python -m twotower.evaluation.scoring.score`."
         )
     report = json.loads((report_dir / PREFERENCE_JSON).read_text(encoding="utf-8"))
     # empty cells are missing numbers, but token strings stay as written ("nan" and "null" are tokens too)

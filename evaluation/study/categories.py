@@ -8,9 +8,9 @@ type counted once (the scoring's centering removes the offset over occurrences, 
 import numpy as np
 import pandas as pd
 
-from .report import eligible_preferences, load_report, tower_columns
-from .token_categories import categorize, category_preferences
-from .tower_preference.comparisons import compare_preferences
+from ..scoring.report import eligible_preferences, load_report, tower_columns
+from ..scoring.token_categories import categorize, category_preferences
+from ..tower_preference.comparisons import compare_preferences
 
 RECURRENCE_GROUPINGS = ("kind", "frequency", "case")  # the groupings whose recurrence the document tabulates
 

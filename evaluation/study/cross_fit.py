@@ -1,7 +1,7 @@
 """
 The study's cross-fitted verdicts: per family and text, the cross-fitted correlation of each run (probe replicas on
-disjoint training slices, scored on alternate halves of the text's documents; evaluation/cross_fitting.py) and the
-agreement of the probe-free ablation preference with the probe preference (evaluation/ablation.py), each over the
+disjoint training slices, scored on alternate halves of the text's documents; evaluation/scoring/cross_fitting.py) and the
+agreement of the probe-free ablation preference with the probe preference (evaluation/scoring/ablation.py), each over the
 seeds with a t interval (the seed is the unit: with 3 seeds these are wide, and say so), for the cooperative towers,
 their independent-towers control and the difference of the two, paired by seed.
 
@@ -20,8 +20,8 @@ from scipy import stats
 from modeling_twotower.configuration_twotower import PRESETS
 from twotower.training.arguments import load_config
 
-from .report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
-from .study_verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
+from ..scoring.report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
+from .verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
 
 NEAR_ZERO_R = 0.1  # a cross-fitted r whose interval stays below this is "near 0": no reproducible preference
 CROSS_FIT_KEYS = ("cross_fitted_r", "same_probes_other_text_r", "other_probes_same_text_r")

@@ -28,6 +28,7 @@ import json
 import os
 import platform
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,10 +36,10 @@ import torch
 
 from twotower.training.utils.atomic import write_text_atomically
 
-from .cross_fitting import replica_groups
-from .report import load_report, template_environment, tower_columns
-from .study_categories import category_recurrence, category_rows, category_table, recurrence_table
-from .study_cross_fit import (
+from ..scoring.cross_fitting import replica_groups
+from ..scoring.report import load_report, template_environment, tower_columns
+from .categories import category_recurrence, category_rows, category_table, recurrence_table
+from .cross_fit import (
     NEAR_ZERO_R,
     cross_fit_summary_lines,
     cross_fit_table,
@@ -46,19 +47,20 @@ from .study_cross_fit import (
     size_grid_rows,
     size_grid_table,
 )
-from .study_long_run import long_run_rows, long_run_table
-from .study_plots import plot_convergence, plot_noise_floor, plot_trajectory
-from .study_verdicts import (
+from .long_run import long_run_rows, long_run_table
+from .plots import plot_convergence, plot_noise_floor, plot_trajectory
+from .verdicts import (
     CONVERGENCE_TOLERANCE, MASKED_MARGIN_NATS, NULL_PERMUTATIONS, convergence_check, difference_or_none,
     family_verdict, load_run_types, matched_quality, trajectory_rows,
 )
-from .token_categories import plot_category_preferences
+from ..scoring.token_categories import plot_category_preferences
 
 
 TOP_TYPES = 20
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
 STUDY_TEMPLATE = "study.md.j2"
+TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 STUDY_PLOTS = ("noise_floor.png", "trajectory.png", "convergence.png", "categories_*.png")  # what the study draws
 
 
@@ -222,8 +224,8 @@ def machine_description():
 
 
 def render_template(name, **context):
-    """A document from evaluation/templates (shipped with the package), with the report's number filters."""
-    return template_environment(fmt=_fmt, percent=_percent).get_template(name).render(**context)
+    """A document from evaluation/study/templates (shipped with the package), with the report's number filters."""
+    return template_environment(TEMPLATES_DIR, fmt=_fmt, percent=_percent).get_template(name).render(**context)
 
 
 def family_runs(summaries, runs_dir, text, family):

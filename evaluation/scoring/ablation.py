@@ -18,8 +18,8 @@ from torch.nn import functional as F
 from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
 
 from .cross_fitting import pooled_pearson
-from .tower_preference.preference_stats import PreferenceAccumulator
-from .tower_preference.summary import summary_keys
+from ..tower_preference.preference_stats import PreferenceAccumulator
+from ..tower_preference.summary import summary_keys
 
 
 # what preference.json keeps of the ablation preference's own summary

@@ -13,8 +13,8 @@ import math
 
 import pandas as pd
 
-from .study_cross_fit import controls_of
-from .study_verdicts import difference_conclusion
+from .cross_fit import controls_of
+from .verdicts import difference_conclusion
 
 
 def _point_figures(point: dict, text: str) -> dict | None:
