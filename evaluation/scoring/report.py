@@ -40,6 +40,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa: E402
 from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
 
+from .formatting import markdown_table, number  # noqa: E402
 from .report_files import (  # noqa: E402
     PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
 )
@@ -229,28 +230,19 @@ def _markdown_token(token):
     return "`" + str(token).replace("`", "'").replace("|", "\\|") + "`"
 
 
-def _number(value, digits=3):
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def markdown_table(rows, columns):
-    """Rows of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
-    return pd.DataFrame(rows, columns=columns).to_markdown(index=False, disable_numparse=True, tablefmt="github")
-
-
 def perplexity_table(perplexity):
     """The perplexity table, with a column of each tower's replicas when it has several probes."""
     replicas = perplexity.get("probe_replicas")
     if replicas is None:
-        rows = [("joint model", _number(perplexity["joint"], 2))]
-        rows += [(f"probe of tower {t}", _number(value, 2)) for t, value in enumerate(perplexity["probes"])]
-        return markdown_table(rows, ["model", "perplexity"])
-    rows = [("joint model", _number(perplexity["joint"], 2), "")]
+        rows = [("joint model", number(perplexity["joint"], 2))]
+        rows += [(f"probe of tower {t}", number(value, 2)) for t, value in enumerate(perplexity["probes"])]
+        return markdown_table(pd.DataFrame(rows, columns=["model", "perplexity"]), tablefmt="github")
+    rows = [("joint model", number(perplexity["joint"], 2), "")]
     rows += [
-        (f"probes of tower {t}", _number(value, 2), ", ".join(_number(r, 2) for r in replicas[t]))
+        (f"probes of tower {t}", number(value, 2), ", ".join(number(r, 2) for r in replicas[t]))
         for t, value in enumerate(perplexity["probes"])
     ]
-    return markdown_table(rows, ["model", "perplexity", "each replica"])
+    return markdown_table(pd.DataFrame(rows, columns=["model", "perplexity", "each replica"]), tablefmt="github")
 
 
 def preference_table(summary, is_replica):
@@ -258,14 +250,14 @@ def preference_table(summary, is_replica):
     rows = [
         (
             t,
-            _number(summary["type_share_preferring"][t]),
-            _number(summary["occurrence_share_preferring"][t]),
+            number(summary["type_share_preferring"][t]),
+            number(summary["occurrence_share_preferring"][t]),
             summary["num_significant_preferring"][t],
         )
         for t in range(summary["num_towers"])
     ]
     columns = ["tower", "share of token types", "share of occurrences", f"significant types{BEYOND_NOISE[is_replica]}"]
-    return markdown_table(rows, columns)
+    return markdown_table(pd.DataFrame(rows, columns=columns), tablefmt="github")
 
 
 def top_tokens_tables(summary, table, is_replica):
@@ -284,7 +276,7 @@ def top_tokens_tables(summary, table, is_replica):
             )
             for token_id, preference in zip(token_ids, preferences)
         ]
-        tables.append(markdown_table(rows, columns))
+        tables.append(markdown_table(pd.DataFrame(rows, columns=columns), tablefmt="github"))
     return tables
 
 
@@ -306,7 +298,7 @@ def render_markdown(report, table, has_token_view=False):
     folder has one, a link to the token view."""
     summary = report["summary"]
     is_replica = summary.get("test") == "replica"
-    environment = template_environment(number=_number)
+    environment = template_environment(number=number)
     return environment.get_template(REPORT_TEMPLATE).render(
         report=report,
         settings=report.get("settings", {}),  # reports before objectives had none

@@ -20,6 +20,7 @@ from scipy import stats
 from modeling_twotower.configuration_twotower import PRESETS
 from twotower.training.arguments import load_config
 
+from ..scoring.formatting import number, with_interval
 from ..scoring.report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
 from .verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
 
@@ -219,13 +220,11 @@ def size_grid_table(rows: list[dict]) -> pd.DataFrame:
     } for row in rows])
 
 
-def _with_ci(figure: dict | None, digits: int = 2) -> str:
-    if figure is None or figure["value"] is None:
+def _with_ci(figure: dict | None) -> str:
+    """A figure ({"value", "ci", "over"?}) with its interval, two decimals."""
+    if figure is None:
         return "n/a"
-    if figure["ci"] is None:
-        return f"{figure['value']:.{digits}f} (1 seed)"
-    text = f"{figure['value']:.{digits}f} [{figure['ci'][0]:.{digits}f}, {figure['ci'][1]:.{digits}f}]"
-    return text + " (1 seed, over types)" if figure.get("over") == "types" else text
+    return with_interval(figure["value"], figure["ci"], 2, over_types=figure.get("over") == "types")
 
 
 def cross_fit_summary_lines(verdicts: dict) -> list[str]:
@@ -262,7 +261,7 @@ def cross_fit_table(verdicts: dict) -> pd.DataFrame:
                 "family": name,
                 "seeds": len(arm["seeds"]),
                 "cross-fitted r": _with_ci(arm["cross_fitted_r"]),
-                "per seed": ", ".join(f"{value:.2f}" for value in arm["cross_fitted_r"]["per_seed"] if value is not None),
+                "per seed": ", ".join(number(value, 2) for value in arm["cross_fitted_r"]["per_seed"] if value is not None),
                 "same probes, other half": _with_ci(arm["same_probes_other_text_r"]),
                 "other probes, same half": _with_ci(arm["other_probes_same_text_r"]),
                 "ablation vs probe r": _with_ci(arm["ablation_r"]),

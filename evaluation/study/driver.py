@@ -433,7 +433,9 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m twotower.evaluation.study", description=__doc__.strip().splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m twotower.evaluation.study", description=__doc__.strip().splitlines()[0]
+    )
     parser.add_argument("--recipe", default="cpu", help="a study recipe name (evaluation/study/recipes) or YAML path")
     parser.add_argument("--data_dir", required=True, help="folder the recipe's text paths are relative to")
     parser.add_argument("--output_dir", required=True, help="runs go to OUTPUT_DIR/runs")

@@ -13,6 +13,7 @@ import math
 
 import pandas as pd
 
+from ..scoring.formatting import number, percent, with_interval
 from .cross_fit import controls_of
 from .verdicts import difference_conclusion
 
@@ -93,23 +94,15 @@ def long_run_rows(summaries: list[dict], text: str, study) -> list[dict]:
     return rows
 
 
-def _value(value, digits=3):
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _with_ci(value, ci):
-    return "n/a" if value is None else f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
-
-
 def long_run_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "family": row["family"], "seed": row["seed"], "step": row["step"], "x": f"{row['multiple']:g}",
-        "validation loss": _value(row["validation_loss"]),
-        "drop since last": "" if row["relative_drop"] is None else f"{100 * row['relative_drop']:.1f}%",
-        "reliability": _with_ci(row["reliability"], row["reliability_ci"]),
-        "control reliability": _with_ci(row["control_reliability"], row["control_reliability_ci"]),
-        "difference": _with_ci(row["difference"], row["difference_ci"]),
-        "cross-fitted r": f"{_value(row['cross_fitted_r'], 2)} / {_value(row['control_cross_fitted_r'], 2)}",
-        "ablation vs probe r": f"{_value(row['ablation_r'], 2)} / {_value(row['control_ablation_r'], 2)}",
+        "validation loss": number(row["validation_loss"]),
+        "drop since last": "" if row["relative_drop"] is None else percent(row["relative_drop"]),
+        "reliability": with_interval(row["reliability"], row["reliability_ci"]),
+        "control reliability": with_interval(row["control_reliability"], row["control_reliability_ci"]),
+        "difference": with_interval(row["difference"], row["difference_ci"]),
+        "cross-fitted r": f"{number(row['cross_fitted_r'], 2)} / {number(row['control_cross_fitted_r'], 2)}",
+        "ablation vs probe r": f"{number(row['ablation_r'], 2)} / {number(row['control_ablation_r'], 2)}",
         "verdict": row["conclusion"],
     } for row in rows])
