@@ -96,7 +96,7 @@ def test_scored_passages_hold_each_tokens_log_probabilities_from_the_one_pass(ob
     max_blocks = BATCH + 2  # all of the first batch, 2 rows of the second
     passages = ScoredPassages(max_blocks)
     score_blocks(
-        model, batches(), mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID, disable_tqdm=True, passages=passages
+        model, batches(), mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID, disable_tqdm=True, consumers=[passages]
     )  # fmt: skip
     blocks = torch.cat([batch["input_ids"] for batch in batches()])[:max_blocks]  # [blocks, seq]
     assert len(passages.input_ids) == len(passages.gold_logprobs) == max_blocks

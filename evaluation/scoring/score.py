@@ -364,8 +364,7 @@ def score_model(model_dir, output_dir, **options):
         mask_token_id=tokenizer.mask_token_id,
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
-        passages=passages,
-        cross_fit=cross_fit,
+        consumers=[passages] if cross_fit is None else [passages, cross_fit],
         ablation=args.ablation,
     )
     (accumulator,) = scores.accumulators
