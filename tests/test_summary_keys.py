@@ -2,6 +2,7 @@
 declared, with the declared types, and every reader in the package names a declared key."""
 
 import ast
+import importlib.util
 import types
 import typing
 from pathlib import Path
@@ -14,6 +15,7 @@ from twotower.evaluation.tower_preference.replica_preference import compute_pref
 from twotower.evaluation.tower_preference.summary import (
     OCCURRENCE_SUMMARY_KEYS,
     REPLICA_SUMMARY_KEYS,
+    SUMMARY_KEY_DESCRIPTIONS,
     OccurrenceSummary,
     ReplicaSummary,
     summary_keys,
@@ -129,3 +131,27 @@ def test_the_readers_checked_do_read_summaries():
     study_report = ast.parse((REPO / "evaluation/study/document.py").read_text())
     assert "two_tower_difference_nats" in {key for key, _ in string_keys_read(study_report, named("scores"))}
     assert set(SUMMARY_FIELDS) <= set(scored_text_figures())
+
+
+def test_every_key_has_one_description_in_declaration_order():
+    assert tuple(SUMMARY_KEY_DESCRIPTIONS) == REPLICA_SUMMARY_KEYS
+    assert all(description.strip() for description in SUMMARY_KEY_DESCRIPTIONS.values())
+
+
+def test_the_metric_returns_each_key_with_its_description():
+    from twotower.evaluation.tower_preference.tower_preference import _KWARGS_DESCRIPTION
+
+    returns = " ".join(_KWARGS_DESCRIPTION.split("Returns:")[1].split("Examples:")[0].split())
+    for key, description in SUMMARY_KEY_DESCRIPTIONS.items():
+        assert f"{key}: {' '.join(description.split())}" in returns, key
+
+
+def test_the_card_and_the_guide_describe_the_keys_as_summary_py_does(tmp_path):
+    spec = importlib.util.spec_from_file_location("summary_keys_docs", REPO / "scripts" / "summary_keys_docs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--check"]) == 0, "run python scripts/summary_keys_docs.py"
+    # and the check sees a stale description
+    card = (REPO / "evaluation/tower_preference/README.md").read_text()
+    stale = card.replace(SUMMARY_KEY_DESCRIPTIONS["reliability_ci"], "an old description")
+    assert script.with_block(stale, script.BLOCKS["evaluation/tower_preference/README.md"], "card") == card
