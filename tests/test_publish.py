@@ -23,10 +23,11 @@ import torch
 import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
+from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file, save_file
 
 from modeling_twotower import TwoTowerForCausalLM
-from twotower.evaluation.publishing.publish_metric import MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
+from twotower.evaluation.publishing.publish_metric import METRIC_DIR, MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
 from twotower.evaluation.publishing.publish_metric import main as publish_metric_main
 from twotower.evaluation.scoring.report_files import PLOTS, REPLICA_PLOTS
 from twotower.evaluation.scoring.score import score_model
@@ -460,17 +461,33 @@ def test_metric_space_is_staged_and_loads_with_evaluate(tmp_path):
     assert set(results["top_token_ids"][0][:5]) <= set(range(10))
 
 
-def test_metric_space_push_creates_a_gradio_space(tmp_path, mocked_hub, capsys):
-    publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/tower_preference"])
+def test_metric_space_push_uploads_the_files_where_they_are_to_a_gradio_space(tmp_path, mocked_hub, capsys):
+    publish_metric_main(["--repo_id", "tower-lab/tower_preference"])
     mocked_hub.create_repo.assert_called_once_with(
         "tower-lab/tower_preference", repo_type="space", private=False, exist_ok=True, space_sdk="gradio"
     )
     mocked_hub.create_branch.assert_not_called()
-    mocked_hub.upload_folder.assert_called_once_with(
-        repo_id="tower-lab/tower_preference", folder_path=str(tmp_path.resolve() / "tower_preference"),
-        repo_type="space", revision="main", commit_message="Upload the tower preference metric",
-    )  # fmt: skip
-    assert FAKE_TOKEN not in "".join(capsys.readouterr())
+    common = dict(repo_id="tower-lab/tower_preference", repo_type="space", revision="main",
+                  commit_message="Upload the tower preference metric")
+    assert mocked_hub.upload_folder.call_args_list == [
+        mock.call(**common, folder_path=str(MODEL_CODE_DIR), path_in_repo="modeling_twotower", allow_patterns=["*.py"]),
+        mock.call(**common, folder_path=str(METRIC_DIR), allow_patterns=list(SPACE_FILES)),
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing staged
+    # the patterns select exactly the files a dry run stages, byte for byte
+    staged = stage_metric_space(tmp_path / "staged")
+    uploaded = {}
+    for call in mocked_hub.upload_folder.call_args_list:
+        source, prefix = Path(call.kwargs["folder_path"]), call.kwargs.get("path_in_repo")
+        names = [path.relative_to(source).as_posix() for path in source.rglob("*") if path.is_file()]
+        for name in filter_repo_objects(names, allow_patterns=call.kwargs["allow_patterns"]):
+            uploaded[f"{prefix}/{name}" if prefix else name] = (source / name).read_bytes()
+    staged_files = {path.relative_to(staged).as_posix(): path.read_bytes() for path in staged.rglob("*") if path.is_file()}
+    assert uploaded == staged_files
+    out, err = capsys.readouterr()
+    assert "to https://huggingface.co/" in out and FAKE_TOKEN not in out + err
+    with pytest.raises(ValueError, match="pass --output_dir too"):
+        publish_metric_main(["--repo_id", "tower-lab/tower_preference", "--dry-run"])
     with pytest.raises(ValueError, match="must be `user/tower_preference`"):
         publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/preference", "--dry-run"])
 
