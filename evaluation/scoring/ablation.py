@@ -72,7 +72,7 @@ class MeanAblation:
 def tower_feature_means(model, passes) -> torch.Tensor:
     """
     Each tower's mean feature [towers, hidden] (float32) over the scored positions of `passes`, an iterable of
-    (inputs, labels, attention_mask) scoring passes (scoring_engine's).
+    (inputs, labels, attention_mask) scoring passes (engine.py's).
     """
     objective, total, count = objective_of(model), None, 0
     for inputs, labels, attention_mask in passes:

@@ -1,9 +1,9 @@
 """
-The results document of a tower preference study: the verdicts with their 95% intervals (study_verdicts), the
-cross-fitted verdicts and the size grid (study_cross_fit), the long-run check (study_long_run), per-run tables of
+The results document of a tower preference study: the verdicts with their 95% intervals (verdicts.py), the
+cross-fitted verdicts and the size grid (cross_fit.py), the long-run check (long_run.py), per-run tables of
 the replica-level figures against the same-tower noise floor, the training trajectory and the comparison at matched
-probe quality, the convergence check, token categories (study_categories) and each tower's most reliably preferred
-types, plots (study_plots). This module gathers the figures and tables; the text is the Jinja template
+probe quality, the convergence check, token categories (categories.py) and each tower's most reliably preferred
+types, plots (plots.py). This module gathers the figures and tables; the text is the Jinja template
 templates/study.md.j2.
 
 Layout of the report folder:

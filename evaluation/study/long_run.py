@@ -43,7 +43,7 @@ def difference_interval(first: dict, second: dict) -> tuple[float, list[float]] 
 
 
 def point_conclusion(difference_ci, control_ci) -> str:
-    """The study's words for one trajectory point (study_verdicts' rule; no floor test here)."""
+    """The study's words for one trajectory point (verdicts.py's rule; no floor test here)."""
     if difference_ci is None:
         return "n/a"
     return difference_conclusion(difference_ci, control_ci) or "no difference shown"
