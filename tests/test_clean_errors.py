@@ -33,7 +33,8 @@ USER_ERRORS = {
     ),
     "train: misspelt option": ("twotower.training.train", ["--max_trian_steps", "3"], "did you mean `max_train_steps`"),
     "score: alpha of 2": (
-        "twotower.evaluation.scoring.score", ["--model_dir", "m", "--output_dir", "o", "--alpha", "2"], "`alpha` must be in"
+        "twotower.evaluation.scoring.score", ["--model_dir", "m", "--output_dir", "o", "--alpha", "2"],
+        "`alpha` must be in",
     ),
     "score: no model folder": (
         "twotower.evaluation.scoring.score", ["--model_dir", "missing", "--output_dir", "o"], "has no config.json"

@@ -345,7 +345,8 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("twotower-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("twotower/evaluation/publishing/model_card.md") == (repository / "model_card.md").read_bytes()
+        card = archive.read("twotower/evaluation/publishing/model_card.md")
+        assert card == (repository / "model_card.md").read_bytes()
         shipped = set(archive.namelist())
     # every data file of the package's folders ships: templates, recipes, the lm-eval task, the metric's files
     data_files = {
@@ -482,7 +483,9 @@ def test_metric_space_push_uploads_the_files_where_they_are_to_a_gradio_space(tm
         names = [path.relative_to(source).as_posix() for path in source.rglob("*") if path.is_file()]
         for name in filter_repo_objects(names, allow_patterns=call.kwargs["allow_patterns"]):
             uploaded[f"{prefix}/{name}" if prefix else name] = (source / name).read_bytes()
-    staged_files = {path.relative_to(staged).as_posix(): path.read_bytes() for path in staged.rglob("*") if path.is_file()}
+    staged_files = {
+        path.relative_to(staged).as_posix(): path.read_bytes() for path in staged.rglob("*") if path.is_file()
+    }
     assert uploaded == staged_files
     out, err = capsys.readouterr()
     assert "to https://huggingface.co/" in out and FAKE_TOKEN not in out + err

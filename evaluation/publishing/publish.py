@@ -8,12 +8,14 @@ package; pass --template to use another). The upload goes through huggingface_hu
 upload_folder); the token comes from its standard resolution (HF_TOKEN, then `hf auth login`) and is never printed.
 
 Stage and list what would be uploaded:
-    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model --report_dir outputs/tiny-report \
-        --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny --hardware "2 CPU cores" --dry-run
+    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model \
+        --report_dir outputs/tiny-report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
+        --hardware "2 CPU cores" --dry-run
 
 Upload (to a private repository, on a branch):
-    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model --report_dir outputs/tiny-report \
-        --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny --private --revision v0.1
+    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model \
+        --report_dir outputs/tiny-report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
+        --private --revision v0.1
 """
 
 import argparse

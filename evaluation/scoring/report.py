@@ -64,7 +64,7 @@ BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tes
 
 def per_token_table(result, tokens, ablation=None):
     """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order;
-    `ablation`, the mean-ablation PreferenceResult of the same positions (evaluation/scoring/ablation.py), adds its columns."""
+    `ablation`, the mean-ablation PreferenceResult of the same positions (scoring/ablation.py), adds its columns."""
     columns = {"token_id": result.token_ids, "token": tokens, "count": result.count}
     for name in ("mean_logprob", "preference_nats", "standard_error"):
         for tower_idx, values in enumerate(getattr(result, name)):

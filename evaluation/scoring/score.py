@@ -133,10 +133,10 @@ class ScoringArguments(DataArguments):
     # global_offset_nats in the summary and the tower_preference metric card
     pair_replicas: bool = True  # probe replicas: replica r of every tower was trained on the same data order
     # (the probe phase does this), so the test pairs them; False compares independent replica means
-    ablation: bool = True  # the mean-ablation preference beside the probes' (evaluation/scoring/ablation.py): one more
+    ablation: bool = True  # the mean-ablation preference beside the probes' (scoring/ablation.py): one more
     # pass of the towers and one of the joint head per tower
     document_pattern: str | None = WIKITEXT_ARTICLE_HEADING  # cross-fitting: a line matching it starts a new
-    # document, as does every file of the text; alternate documents form the two halves (evaluation/scoring/cross_fitting.py)
+    # document, as does every file of the text; alternate documents form the two halves (scoring/cross_fitting.py)
 
     def __post_init__(self):
         """Every option checked now, before the model runs over the data."""

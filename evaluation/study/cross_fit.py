@@ -1,7 +1,7 @@
 """
 The study's cross-fitted verdicts: per family and text, the cross-fitted correlation of each run (probe replicas on
-disjoint training slices, scored on alternate halves of the text's documents; evaluation/scoring/cross_fitting.py) and the
-agreement of the probe-free ablation preference with the probe preference (evaluation/scoring/ablation.py), each over the
+disjoint training slices, scored on alternate halves of the text's documents; scoring/cross_fitting.py) and the
+agreement of the probe-free ablation preference with the probe preference (scoring/ablation.py), each over the
 seeds with a t interval (the seed is the unit: with 3 seeds these are wide, and say so), for the cooperative towers,
 their independent-towers control and the difference of the two, paired by seed.
 
@@ -261,7 +261,9 @@ def cross_fit_table(verdicts: dict) -> pd.DataFrame:
                 "family": name,
                 "seeds": len(arm["seeds"]),
                 "cross-fitted r": _with_ci(arm["cross_fitted_r"]),
-                "per seed": ", ".join(number(value, 2) for value in arm["cross_fitted_r"]["per_seed"] if value is not None),
+                "per seed": ", ".join(
+                    number(value, 2) for value in arm["cross_fitted_r"]["per_seed"] if value is not None
+                ),
                 "same probes, other half": _with_ci(arm["same_probes_other_text_r"]),
                 "other probes, same half": _with_ci(arm["other_probes_same_text_r"]),
                 "ablation vs probe r": _with_ci(arm["ablation_r"]),
