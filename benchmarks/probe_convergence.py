@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from twotower.evaluation.report import eligible_preferences, load_report
-from twotower.evaluation.score import score_model
+from twotower.evaluation.scoring.report import eligible_preferences, load_report
+from twotower.evaluation.scoring.score import score_model
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.summary import summary_keys
 from twotower.training.arguments import load_config

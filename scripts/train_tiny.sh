@@ -20,7 +20,7 @@ continuation() {
 python -m twotower.training.train --recipe tiny --output_dir "$out/pretrain" "${corpus[@]}" $(continuation "$out/pretrain")
 python -m twotower.training.train --recipe tiny_probe --output_dir "$out/probe" \
   --pretrained_model "$out/pretrain/model" "${corpus[@]}" $(continuation "$out/probe")
-python -m twotower.evaluation.score --model_dir "$out/probe/model" --output_dir "$out/report" \
+python -m twotower.evaluation.scoring.score --model_dir "$out/probe/model" --output_dir "$out/report" \
   --validation_file "$data/valid.txt"
 echo "Model with trained probes: $out/probe/model"
 echo "Preference report:         $out/report/report.md"

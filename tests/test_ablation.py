@@ -8,8 +8,8 @@ from torch.nn import functional as F
 
 from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.ablation import ablation_summary
-from twotower.evaluation.scoring_engine import score_blocks
+from twotower.evaluation.scoring.ablation import ablation_summary
+from twotower.evaluation.scoring.engine import score_blocks
 
 VOCAB, SEQ, BATCH, NUM_BATCHES = 40, 12, 6, 4
 HIDDEN = 16  # one tower's width

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import yaml
 
-from twotower.evaluation.score import ScoringArguments
+from twotower.evaluation.scoring.score import ScoringArguments
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, resolve_text_files
 from twotower.training.utils.errors import TwoTowerUserError

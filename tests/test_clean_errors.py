@@ -33,13 +33,14 @@ USER_ERRORS = {
     ),
     "train: misspelt option": ("twotower.training.train", ["--max_trian_steps", "3"], "did you mean `max_train_steps`"),
     "score: alpha of 2": (
-        "twotower.evaluation.score", ["--model_dir", "m", "--output_dir", "o", "--alpha", "2"], "`alpha` must be in"
+        "twotower.evaluation.scoring.score", ["--model_dir", "m", "--output_dir", "o", "--alpha", "2"],
+        "`alpha` must be in",
     ),
     "score: no model folder": (
-        "twotower.evaluation.score", ["--model_dir", "missing", "--output_dir", "o"], "has no config.json"
+        "twotower.evaluation.scoring.score", ["--model_dir", "missing", "--output_dir", "o"], "has no config.json"
     ),
     "score: required option missing": (
-        "twotower.evaluation.score", ["--output_dir", "o"], "the following arguments are required: --model_dir"
+        "twotower.evaluation.scoring.score", ["--output_dir", "o"], "the following arguments are required: --model_dir"
     ),
     "compare: not report folders": (
         "twotower.evaluation.compare", ["a", "b", "--output_dir", "c"], "is not a tower preference report"
@@ -49,11 +50,11 @@ USER_ERRORS = {
         "twotower.evaluation.study", ["--recipe", "nope", "--data_dir", ".", "--output_dir", "o"], "Recipe 'nope'"
     ),
     "publish: no model folder": (
-        "twotower.training.publish", ["--model_dir", "missing", "--repo_id", "a/b", "--output_dir", "o"],
+        "twotower.evaluation.publishing.publish", ["--model_dir", "missing", "--repo_id", "a/b", "--output_dir", "o"],
         "has no config.json",
     ),
     "publish_metric: wrong Space name": (
-        "twotower.evaluation.publish_metric", ["--output_dir", "o", "--repo_id", "me/metric", "--dry-run"],
+        "twotower.evaluation.publishing.publish_metric", ["--output_dir", "o", "--repo_id", "me/metric", "--dry-run"],
         "must be `user/tower_preference`",
     ),
     "lm_eval_wikitext: no WikiText": (

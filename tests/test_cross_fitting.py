@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from twotower.evaluation.cross_fitting import (
+from twotower.evaluation.scoring.cross_fitting import (
     WIKITEXT_ARTICLE_HEADING,
     CrossFittedPreference,
     number_documents,

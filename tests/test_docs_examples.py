@@ -12,7 +12,7 @@ import pytest
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from training.tokenizer import load_tokenizer, padded_vocab_size
-from twotower.evaluation.study_report import summary_lines
+from twotower.evaluation.study.document import summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]

@@ -8,7 +8,7 @@ import torch
 
 from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.scoring_engine import ScoredPassages, score_blocks, scoring_passes
+from twotower.evaluation.scoring.engine import ScoredPassages, score_blocks, scoring_passes
 
 VOCAB, SEQ, BATCH, NUM_BATCHES = 99, 13, 5, 3
 MASK_TOKEN_ID, MASK_PASSES = 3, 7
@@ -96,7 +96,7 @@ def test_scored_passages_hold_each_tokens_log_probabilities_from_the_one_pass(ob
     max_blocks = BATCH + 2  # all of the first batch, 2 rows of the second
     passages = ScoredPassages(max_blocks)
     score_blocks(
-        model, batches(), mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID, disable_tqdm=True, passages=passages
+        model, batches(), mask_passes=MASK_PASSES, mask_token_id=MASK_TOKEN_ID, disable_tqdm=True, consumers=[passages]
     )  # fmt: skip
     blocks = torch.cat([batch["input_ids"] for batch in batches()])[:max_blocks]  # [blocks, seq]
     assert len(passages.input_ids) == len(passages.gold_logprobs) == max_blocks

@@ -16,8 +16,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.score import collate_scored_blocks
-from twotower.evaluation.scoring_engine import score_blocks
+from twotower.evaluation.scoring.score import collate_scored_blocks
+from twotower.evaluation.scoring.engine import score_blocks
 from twotower.training.data import (
     collate_blocks,
     load_raw_datasets,

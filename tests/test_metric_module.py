@@ -17,7 +17,7 @@ import evaluate  # noqa: E402
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM  # noqa: E402
 from twotower.evaluation import compute_preference  # noqa: E402
-from twotower.evaluation.ablation import MeanAblation, joint_nll  # noqa: E402
+from twotower.evaluation.scoring.ablation import MeanAblation, joint_nll  # noqa: E402
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +234,7 @@ def test_folder_is_an_evaluate_space():
 
 def test_the_metric_takes_ablation_increases_for_the_ablation_preference(tower_preference):
     # the mean-ablation preference through the metric: each tower's loss increase in place of a log-probability,
-    # less the largest at each prediction (<= 0), as evaluation/ablation.py feeds its accumulator
+    # less the largest at each prediction (<= 0), as evaluation/scoring/ablation.py feeds its accumulator
     torch.manual_seed(0)
     config = TwoTowerConfig.from_preset("tiny", vocab_size=30, hidden_size=16, num_attention_heads=2,
                                         intermediate_size=37, max_position_embeddings=16)  # fmt: skip

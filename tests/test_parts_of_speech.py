@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from twotower.evaluation import compute_preference
-from twotower.evaluation.cross_fitting import CrossFittedPreference
-from twotower.evaluation.parts_of_speech_study import (
+from twotower.evaluation.scoring.cross_fitting import CrossFittedPreference
+from twotower.evaluation.study.parts_of_speech import (
     cross_fitted_function_content_contrast,
     cross_fitted_tower_preference,
     seeds_function_content_contrast,
@@ -202,7 +202,7 @@ TAGGED_LINES = [
 @pytest.fixture(scope="module")
 def tagger():
     pytest.importorskip("spacy", reason='needs spaCy: pip install "twotower[pos]"')
-    from twotower.evaluation.parts_of_speech_tagging import load_tagger
+    from twotower.evaluation.scoring.parts_of_speech_tagging import load_tagger
 
     return load_tagger()
 
@@ -224,7 +224,7 @@ def tags_by_spacy(lines, tokenizer, tagger):
 
 @pytest.mark.parametrize("vocabulary", ["gpt2", "bert-base-uncased"])
 def test_pieces_take_the_tag_of_the_word_they_lie_in(tagger, shared_data, vocabulary):
-    from twotower.evaluation.parts_of_speech_tagging import UPOS_TAGS, tag_lines
+    from twotower.evaluation.scoring.parts_of_speech_tagging import UPOS_TAGS, tag_lines
     from twotower.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(shared_data / "tokenizers" / vocabulary))
@@ -250,7 +250,7 @@ def test_pieces_take_the_tag_of_the_word_they_lie_in(tagger, shared_data, vocabu
 
 
 def test_long_lines_are_tagged_in_chunks(tagger, shared_data, monkeypatch):
-    from twotower.evaluation import parts_of_speech_tagging
+    from twotower.evaluation.scoring import parts_of_speech_tagging
     from twotower.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(shared_data / "tokenizers" / "gpt2"))
@@ -264,7 +264,7 @@ def test_long_lines_are_tagged_in_chunks(tagger, shared_data, monkeypatch):
 
 
 def test_types_under_the_agreement_threshold_are_left_out_and_counted():
-    from twotower.evaluation.parts_of_speech_tagging import UPOS_TAGS, TypeTags
+    from twotower.evaluation.scoring.parts_of_speech_tagging import UPOS_TAGS, TypeTags
 
     counts = np.zeros((6, len(UPOS_TAGS)), np.int64)
     det, pron, noun = (UPOS_TAGS.index(tag) for tag in ("DET", "PRON", "NOUN"))
@@ -282,7 +282,7 @@ def test_types_under_the_agreement_threshold_are_left_out_and_counted():
 def test_without_spacy_the_message_says_how_to_install_it(monkeypatch):
     import sys
 
-    from twotower.evaluation import parts_of_speech_tagging
+    from twotower.evaluation.scoring import parts_of_speech_tagging
     from twotower.training.utils.errors import TwoTowerUserError
 
     parts_of_speech_tagging.load_tagger.cache_clear()
@@ -349,7 +349,7 @@ def test_the_installed_model_is_spacys_en_core_web_sm_3_8_0(tagger):
     import json
     from pathlib import Path
 
-    from twotower.evaluation.parts_of_speech_tagging import MODEL_PACKAGE
+    from twotower.evaluation.scoring.parts_of_speech_tagging import MODEL_PACKAGE
 
     distribution = importlib.metadata.distribution(MODEL_PACKAGE)
     folder = Path(distribution.locate_file(MODEL_PACKAGE))

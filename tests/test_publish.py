@@ -23,19 +23,20 @@ import torch
 import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
+from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file, save_file
 
 from modeling_twotower import TwoTowerForCausalLM
-from twotower.evaluation.publish_metric import MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
-from twotower.evaluation.publish_metric import main as publish_metric_main
-from twotower.evaluation.report_files import PLOTS, REPLICA_PLOTS
-from twotower.evaluation.score import score_model
+from twotower.evaluation.publishing.publish_metric import METRIC_DIR, MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
+from twotower.evaluation.publishing.publish_metric import main as publish_metric_main
+from twotower.evaluation.scoring.report_files import PLOTS, REPLICA_PLOTS
+from twotower.evaluation.scoring.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.model_card import PLOT_CAPTIONS
+from twotower.evaluation.publishing.model_card import PLOT_CAPTIONS
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.publish import main as publish_main
-from twotower.training.publish import portable, stage_model_repo
+from twotower.evaluation.publishing.publish import main as publish_main
+from twotower.evaluation.publishing.publish import portable, stage_model_repo
 from twotower.training.train import training_function
 from transformers import AutoTokenizer
 
@@ -318,8 +319,8 @@ def test_staged_repo_loads_from_a_hub_cache_offline_without_the_package(trained_
 
 STAGE_FROM_INSTALLED_WHEEL = """
 import sys
-from twotower.training.model_card import model_card_template
-from twotower.training.publish import stage_model_repo
+from twotower.evaluation.publishing.model_card import model_card_template
+from twotower.evaluation.publishing.publish import stage_model_repo
 
 print(model_card_template())
 stage_model_repo(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], hardware=sys.argv[5])
@@ -344,7 +345,16 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("twotower-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("twotower/training/model_card.md") == (repository / "model_card.md").read_bytes()
+        card = archive.read("twotower/evaluation/publishing/model_card.md")
+        assert card == (repository / "model_card.md").read_bytes()
+        shipped = set(archive.namelist())
+    # every data file of the package's folders ships: templates, recipes, the lm-eval task, the metric's files
+    data_files = {
+        f"twotower/{path.relative_to(repository).as_posix()}"
+        for folder in ("training", "evaluation") for path in (repository / folder).rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
+    } | {"twotower/evaluation/lm_eval_task/utils.py", "twotower/evaluation/tower_preference/app.py"}
+    assert data_files <= shipped, sorted(data_files - shipped)
     site = tmp_path / "site"
     installed = subprocess.run(
         [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True, timeout=300
@@ -359,7 +369,7 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     command = [sys.executable, "-c", STAGE_FROM_INSTALLED_WHEEL, *arguments]
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == str(site / "twotower" / "training" / "model_card.md")
+    assert result.stdout.strip() == str(site / "twotower" / "evaluation" / "publishing" / "model_card.md")
     assert (output_dir / "README.md").read_text() == (staged_repo / "README.md").read_text()
 
 
@@ -452,17 +462,35 @@ def test_metric_space_is_staged_and_loads_with_evaluate(tmp_path):
     assert set(results["top_token_ids"][0][:5]) <= set(range(10))
 
 
-def test_metric_space_push_creates_a_gradio_space(tmp_path, mocked_hub, capsys):
-    publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/tower_preference"])
+def test_metric_space_push_uploads_the_files_where_they_are_to_a_gradio_space(tmp_path, mocked_hub, capsys):
+    publish_metric_main(["--repo_id", "tower-lab/tower_preference"])
     mocked_hub.create_repo.assert_called_once_with(
         "tower-lab/tower_preference", repo_type="space", private=False, exist_ok=True, space_sdk="gradio"
     )
     mocked_hub.create_branch.assert_not_called()
-    mocked_hub.upload_folder.assert_called_once_with(
-        repo_id="tower-lab/tower_preference", folder_path=str(tmp_path.resolve() / "tower_preference"),
-        repo_type="space", revision="main", commit_message="Upload the tower preference metric",
-    )  # fmt: skip
-    assert FAKE_TOKEN not in "".join(capsys.readouterr())
+    common = dict(repo_id="tower-lab/tower_preference", repo_type="space", revision="main",
+                  commit_message="Upload the tower preference metric")
+    assert mocked_hub.upload_folder.call_args_list == [
+        mock.call(**common, folder_path=str(MODEL_CODE_DIR), path_in_repo="modeling_twotower", allow_patterns=["*.py"]),
+        mock.call(**common, folder_path=str(METRIC_DIR), allow_patterns=list(SPACE_FILES)),
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing staged
+    # the patterns select exactly the files a dry run stages, byte for byte
+    staged = stage_metric_space(tmp_path / "staged")
+    uploaded = {}
+    for call in mocked_hub.upload_folder.call_args_list:
+        source, prefix = Path(call.kwargs["folder_path"]), call.kwargs.get("path_in_repo")
+        names = [path.relative_to(source).as_posix() for path in source.rglob("*") if path.is_file()]
+        for name in filter_repo_objects(names, allow_patterns=call.kwargs["allow_patterns"]):
+            uploaded[f"{prefix}/{name}" if prefix else name] = (source / name).read_bytes()
+    staged_files = {
+        path.relative_to(staged).as_posix(): path.read_bytes() for path in staged.rglob("*") if path.is_file()
+    }
+    assert uploaded == staged_files
+    out, err = capsys.readouterr()
+    assert "to https://huggingface.co/" in out and FAKE_TOKEN not in out + err
+    with pytest.raises(ValueError, match="pass --output_dir too"):
+        publish_metric_main(["--repo_id", "tower-lab/tower_preference", "--dry-run"])
     with pytest.raises(ValueError, match="must be `user/tower_preference`"):
         publish_metric_main(["--output_dir", str(tmp_path), "--repo_id", "tower-lab/preference", "--dry-run"])
 

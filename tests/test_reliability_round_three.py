@@ -17,8 +17,8 @@ import yaml
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM
 from test_probe_feature_cache import corpus, models, probe_config  # noqa: F401 (fixtures of the probe phase)
 from twotower.evaluation import score, study
-from twotower.evaluation.ablation import MeanAblation
-from twotower.evaluation.study_kept_files import check_kept_run, set_aside_if_damaged
+from twotower.evaluation.scoring.ablation import MeanAblation
+from twotower.evaluation.study.kept_files import check_kept_run, set_aside_if_damaged
 from twotower.training import run_setup
 from twotower.training import probe_cache
 from twotower.training.feature_cache_checks import ShardChanged, ShardWriter
@@ -400,7 +400,7 @@ def test_the_model_card_shows_hostile_names_as_written(chromium):
 
 
 def test_study_recipe_names_are_plain_names(tmp_path):
-    from twotower.evaluation.study_config import load_study_config
+    from twotower.evaluation.study.config import load_study_config
 
     recipe = yaml.safe_load((Path(study.__file__).parent / "study_recipes" / "cpu.yaml").read_text())
     recipe["families"] = {HOSTILE: recipe["families"]["causal"]}

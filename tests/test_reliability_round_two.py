@@ -22,7 +22,8 @@ import evaluate  # noqa: E402
 from transformers import AutoModelForCausalLM, BertLMHeadModel  # noqa: E402
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM  # noqa: E402
-from twotower.evaluation import compute_preference, report, score  # noqa: E402
+from twotower.evaluation import compute_preference  # noqa: E402
+from twotower.evaluation.scoring import report, score  # noqa: E402
 from twotower.training import train  # noqa: E402
 from twotower.training.utils import cli  # noqa: E402
 from twotower.training.utils.errors import TwoTowerUserError  # noqa: E402

@@ -6,7 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from twotower.evaluation import compute_preference, report
+from twotower.evaluation import compute_preference
+from twotower.evaluation.scoring import report
 
 
 MIN_COUNT = 5

@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation import PreferenceAccumulator, compute_preference
-from twotower.evaluation import compare, report, score
-from twotower.evaluation.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
+from twotower.evaluation import compare
+from twotower.evaluation.scoring import report, score
+from twotower.evaluation.scoring.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
@@ -485,7 +486,7 @@ def test_a_full_disk_leaves_no_partial_report(scored, tmp_path, monkeypatch):
 
 def test_the_report_gives_the_preference_per_part_of_speech(scored):
     pytest.importorskip("spacy", reason='needs spaCy: pip install "twotower[pos]"')
-    from twotower.evaluation.parts_of_speech_tagging import tag_lines
+    from twotower.evaluation.scoring.parts_of_speech_tagging import tag_lines
     from twotower.evaluation.tower_preference.parts_of_speech import parts_of_speech_summary
 
     written, table = report.load_report(scored["output_dir"])

@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from twotower.evaluation import study as study_module
-from twotower.evaluation.report import eligible_preferences, load_report
-from twotower.evaluation.score import ScoringArguments, load_blocks
-from twotower.evaluation.study import SUMMARY_FIELDS, run_study
-from twotower.evaluation.study_config import load_study_config
-from twotower.evaluation.study_cross_fit import cross_fit_conclusion
-from twotower.evaluation.study_categories import category_recurrence
-from twotower.evaluation.study_report import compute_minutes, run_rows
+from twotower.evaluation.study import driver as study_module
+from twotower.evaluation.scoring.report import eligible_preferences, load_report
+from twotower.evaluation.scoring.score import ScoringArguments, load_blocks
+from twotower.evaluation.study.driver import SUMMARY_FIELDS, run_study
+from twotower.evaluation.study.config import load_study_config
+from twotower.evaluation.study.cross_fit import cross_fit_conclusion
+from twotower.evaluation.study.categories import category_recurrence
+from twotower.evaluation.study.document import compute_minutes, run_rows
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import load_config

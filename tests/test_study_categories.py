@@ -3,8 +3,8 @@
 import numpy as np
 import pandas as pd
 
-from twotower.evaluation.study_categories import without_type_offset
-from twotower.evaluation.token_categories import category_preferences
+from twotower.evaluation.study.categories import without_type_offset
+from twotower.evaluation.scoring.token_categories import category_preferences
 
 
 def dominated_table(seed=0):

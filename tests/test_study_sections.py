@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from twotower.evaluation.study_config import StudyConfig
-from twotower.evaluation.study_cross_fit import ablation_over_seeds, cross_fit_verdicts, size_grid_rows, t_interval
-from twotower.evaluation.study_long_run import PENDING, difference_interval, long_run_rows, long_run_table
+from twotower.evaluation.study.config import StudyConfig
+from twotower.evaluation.study.cross_fit import ablation_over_seeds, cross_fit_verdicts, size_grid_rows, t_interval
+from twotower.evaluation.study.long_run import PENDING, difference_interval, long_run_rows, long_run_table
 
 TEXT = "wiki"
 

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from twotower.evaluation.study_verdicts import (
+from twotower.evaluation.study.verdicts import (
     RunTypes, at_perplexity, conclusion, convergence_check, cross_seed, family_verdict, matched_quality,
     preference_reliability, reliability, replica_sampling_variance, unigram_cross_entropy,
 )

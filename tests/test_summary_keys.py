@@ -2,6 +2,7 @@
 declared, with the declared types, and every reader in the package names a declared key."""
 
 import ast
+import importlib.util
 import types
 import typing
 from pathlib import Path
@@ -9,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twotower.evaluation.study import SUMMARY_FIELDS, text_figures
+from twotower.evaluation.study.driver import SUMMARY_FIELDS, text_figures
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.evaluation.tower_preference.summary import (
     OCCURRENCE_SUMMARY_KEYS,
     REPLICA_SUMMARY_KEYS,
+    SUMMARY_KEY_DESCRIPTIONS,
     OccurrenceSummary,
     ReplicaSummary,
     summary_keys,
@@ -23,10 +25,10 @@ from twotower.evaluation.tower_preference.summary import (
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("evaluation", "training", "benchmarks", "modeling_twotower")
 # variables that hold a preference summary, besides `preference_summary` and `<report>["summary"]` anywhere
-SUMMARY_VARIABLES = {"evaluation/score.py": "summary", "evaluation/report.py": "summary",
-                     "training/model_card.py": "summary"}
+SUMMARY_VARIABLES = {"evaluation/scoring/score.py": "summary", "evaluation/scoring/report.py": "summary",
+                     "evaluation/publishing/model_card.py": "summary"}
 # run.json's figures of one scored text (study.text_figures), read as `scores` by the study's modules
-SCORES_READERS = ("evaluation/study_report.py", "evaluation/study_verdicts.py", "evaluation/study_long_run.py")
+SCORES_READERS = ("evaluation/study/document.py", "evaluation/study/verdicts.py", "evaluation/study/long_run.py")
 
 
 def planted_inputs(num_probes):
@@ -124,8 +126,32 @@ def test_every_reader_in_the_package_names_a_declared_key():
 
 def test_the_readers_checked_do_read_summaries():
     """The scan above sees the readers it is meant to: score.py's summary line, the study's tables."""
-    score = ast.parse((REPO / "evaluation/score.py").read_text())
+    score = ast.parse((REPO / "evaluation/scoring/score.py").read_text())
     assert {"reliability", "same_tower_floor_nats"} <= {key for key, _ in string_keys_read(score, named("summary"))}
-    study_report = ast.parse((REPO / "evaluation/study_report.py").read_text())
+    study_report = ast.parse((REPO / "evaluation/study/document.py").read_text())
     assert "two_tower_difference_nats" in {key for key, _ in string_keys_read(study_report, named("scores"))}
     assert set(SUMMARY_FIELDS) <= set(scored_text_figures())
+
+
+def test_every_key_has_one_description_in_declaration_order():
+    assert tuple(SUMMARY_KEY_DESCRIPTIONS) == REPLICA_SUMMARY_KEYS
+    assert all(description.strip() for description in SUMMARY_KEY_DESCRIPTIONS.values())
+
+
+def test_the_metric_returns_each_key_with_its_description():
+    from twotower.evaluation.tower_preference.tower_preference import _KWARGS_DESCRIPTION
+
+    returns = " ".join(_KWARGS_DESCRIPTION.split("Returns:")[1].split("Examples:")[0].split())
+    for key, description in SUMMARY_KEY_DESCRIPTIONS.items():
+        assert f"{key}: {' '.join(description.split())}" in returns, key
+
+
+def test_the_card_and_the_guide_describe_the_keys_as_summary_py_does(tmp_path):
+    spec = importlib.util.spec_from_file_location("summary_keys_docs", REPO / "scripts" / "summary_keys_docs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--check"]) == 0, "run python scripts/summary_keys_docs.py"
+    # and the check sees a stale description
+    card = (REPO / "evaluation/tower_preference/README.md").read_text()
+    stale = card.replace(SUMMARY_KEY_DESCRIPTIONS["reliability_ci"], "an old description")
+    assert script.with_block(stale, script.BLOCKS["evaluation/tower_preference/README.md"], "card") == card

@@ -6,8 +6,9 @@ import jinja2
 import numpy as np
 import pytest
 
-from twotower.evaluation import compute_preference, report
-from twotower.training.model_card import CARD_FUNCTIONS, model_card_template, phase_config
+from twotower.evaluation import compute_preference
+from twotower.evaluation.scoring import report
+from twotower.evaluation.publishing.model_card import CARD_FUNCTIONS, model_card_template, phase_config
 
 
 MIN_COUNT = 5

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from twotower.evaluation import token_categories
-from twotower.evaluation.token_categories import (
+from twotower.evaluation.scoring import token_categories
+from twotower.evaluation.scoring.token_categories import (
     categorize,
     category_preferences,
     detect_scheme,

@@ -76,7 +76,7 @@ def planted():
     increases = rng.normal(0.3, 0.2, (TOWERS, token_ids.size))
     increases[1, token_ids == PREFERS_TOWER_0] += 0.4
     accumulator = PreferenceAccumulator(num_towers=TOWERS)
-    accumulator.update(token_ids, increases - increases.max(axis=0))  # as evaluation/ablation.py feeds it
+    accumulator.update(token_ids, increases - increases.max(axis=0))  # as evaluation/scoring/ablation.py feeds it
     ablation = accumulator.compute(min_count=10).to_dict()
     return {"token_ids": token_ids, "gold": gold, "results": results, "tokens": tokens, "passages": passages,
             "increases": increases, "ablation": ablation}

@@ -22,11 +22,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
-from twotower.evaluation.score import score_model
+from twotower.evaluation.scoring.score import score_model
 from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.objectives import SeededMaskingCollator
-from twotower.training.publish import render_model_card, stage_model_repo
+from twotower.evaluation.publishing.publish import render_model_card, stage_model_repo
 from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function

@@ -45,7 +45,7 @@ MAX_SEED = 2**32 - 1  # numpy's seed range, which set_seed also seeds
 BYTE_LEVEL_ALPHABET = 256  # a trained BPE holds every byte, plus its special tokens
 # The allowed range of every bounded option: (test, requirement in words). A None value (where the field allows
 # it) means "unset" and is never tested; UNSET_MEANS says what unset does, for the error message.
-# The data options (DataArguments), which scoring shares with training (evaluation/score.py), take one range.
+# The data options (DataArguments), which scoring shares with training (evaluation/scoring/score.py), take one range.
 DATA_OPTION_RANGES = {
     "validation_split_percentage": (lambda v: 0 <= v < 100, "in [0, 100)"),
     "block_size": (lambda v: v >= 2, ">= 2 (a block of one token has no target: nothing to train on or score)"),

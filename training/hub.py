@@ -62,12 +62,34 @@ def push_to_hub(
     space_sdk: str | None = None,
 ) -> str:
     """create_repo (+ create_branch for a revision other than main) + upload_folder; returns the commit URL."""
+    return upload_parts(
+        repo_id, [{"folder_path": str(folder)}], repo_type=repo_type, private=private, revision=revision,
+        commit_message=commit_message, space_sdk=space_sdk,
+    )  # fmt: skip
+
+
+def upload_parts(
+    repo_id: str,
+    parts: list[dict],
+    *,
+    repo_type: str = "model",
+    private: bool = False,
+    revision: str = "main",
+    commit_message: str = "Upload two-tower model",
+    space_sdk: str | None = None,
+) -> str:
+    """
+    create_repo (+ create_branch for a revision other than main), then one upload_folder per part, each a dict of
+    upload_folder's `folder_path` and optional `path_in_repo` and `allow_patterns`: files go up from where they are,
+    with no staged copy. Returns the last commit's URL.
+    """
     check_hub_token()
     api = HfApi()
     api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True, space_sdk=space_sdk)
     if revision != "main":
         api.create_branch(repo_id, branch=revision, repo_type=repo_type, exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo_id, folder_path=str(folder), repo_type=repo_type, revision=revision, commit_message=commit_message
-    )
+    for part in parts:
+        commit = api.upload_folder(
+            repo_id=repo_id, repo_type=repo_type, revision=revision, commit_message=commit_message, **part
+        )
     return commit.commit_url

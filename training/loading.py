@@ -4,6 +4,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
@@ -11,7 +12,6 @@ from modeling_twotower.checkpoint_checks import check_weights_fit_config
 
 from .arguments import RESOLVED_CONFIG_NAME
 from .utils.errors import TwoTowerUserError
-from .model_folder import check_weight_files
 from .objectives import objective_of
 
 MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}
@@ -100,3 +100,23 @@ def load_two_tower(model_dir, dtype: torch.dtype = torch.float32, option: str = 
             "--dtype float32 or bfloat16."
         )
     return model
+
+
+def check_weight_files(weight_files: list[Path]) -> None:
+    """Every safetensors file reads whole and holds only finite numbers; an error names the file (and tensor)."""
+    for path in weight_files:
+        try:
+            with safe_open(path, framework="pt") as weights:
+                for name in weights.keys():
+                    tensor = weights.get_tensor(name)
+                    if tensor.is_floating_point() and not tensor.isfinite().all():
+                        raise TwoTowerUserError(
+                            f"{path} holds non-finite weights (NaN or infinity) in `{name}`: the training run diverged "
+                            "or the file was damaged; use an earlier checkpoint, or train again (e.g. with a lower "
+                            "learning rate)."
+                        )
+        except SafetensorError as error:
+            raise TwoTowerUserError(
+                f"{path} is not a readable safetensors file ({error}): it is damaged or cut short; copy or download "
+                "it again, or save the model again."
+            ) from error

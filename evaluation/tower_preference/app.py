@@ -54,7 +54,7 @@ def load_model(model_name_or_path):
     if is_masked and config.tower_type != "lstm":
         raise gr.Error(
             f"{model_name_or_path!r} is a masked LM with transformer towers, which is scored in masking passes: "
-            "score it with `python -m twotower.evaluation.score`, whose report's tokens.html is this view."
+            "score it with `python -m twotower.evaluation.scoring.score`, whose report's tokens.html is this view."
         )
     auto_class = AutoModelForMaskedLM if is_masked else AutoModelForCausalLM
     model = auto_class.from_pretrained(model_name_or_path, trust_remote_code=False).eval()
@@ -86,7 +86,7 @@ def ablation_increases(model, passages) -> np.ndarray:
     """
     [towers, n]: at every scored position of the passages, the joint model's loss rise when a tower's features are
     replaced by their mean over the text's scored positions (the mean-ablation preference; the scoring command's is
-    twotower.evaluation.ablation, of which this is the Space's copy for short texts).
+    twotower.evaluation.scoring.ablation, of which this is the Space's copy for short texts).
     """
     features, targets = [], []
     for passage in passages:

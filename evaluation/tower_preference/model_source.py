@@ -68,7 +68,7 @@ def download_hub_model(repo_id: str) -> str:
     if size > max_download_bytes():
         raise ModelSourceError(
             f"The Hub model {repo_id!r} is {size / 1e9:.2f} GB; this Space downloads at most "
-            f"{max_download_bytes() / 1e9:.2f} GB. Score a larger model with `python -m twotower.evaluation.score`."
+            f"{max_download_bytes() / 1e9:.2f} GB. Score a larger model with `python -m twotower.evaluation.scoring.score`."
         )
     return snapshot_download(repo_id, revision=info.sha, allow_patterns=list(DOWNLOADED_FILES))
 

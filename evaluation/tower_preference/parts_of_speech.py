@@ -14,7 +14,7 @@
 """Tower preference by part of speech: is the split function words against content words (syntax against semantics)?
 
 Input: one tower's per-type preference (nats) and each type's coarse part of speech (a Universal Dependencies UPOS
-tag, e.g. from twotower.evaluation.parts_of_speech_tagging: the majority tag of the type's occurrences in the scored
+tag, e.g. from twotower.evaluation.scoring.parts_of_speech_tagging: the majority tag of the type's occurrences in the scored
 text). Output:
 
 - per tag: the mean preference over its types (types weighted equally), a 95% percentile bootstrap interval over

@@ -2,7 +2,7 @@
 
 `token_kind` labels a byte-level BPE or WordPiece token as word-initial, continuation, punctuation, digits, whitespace,
 special or byte fragment; `letter_case` by its first letter. They need only the standard library and transformers'
-byte map, so the tower_preference Space uses them beside the metric, and twotower.evaluation.token_categories
+byte map, so the tower_preference Space uses them beside the metric, and twotower.evaluation.scoring.token_categories
 (frequency bands, part of speech, per-category tests) builds on them.
 """
 

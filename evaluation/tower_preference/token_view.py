@@ -7,8 +7,8 @@ noise (the per-type test of the metric) is faded. Hovering a token shows a card:
 log-probability of it at this position, the type's preference with its interval and, when given, its mean-ablation
 preference (no probe). Filters select token categories, towers and significance.
 
-`python -m twotower.evaluation.score` writes it as a report's tokens.html; the tower_preference Space shows it for a
-model and a text. Both call `render_token_view` with the metric's result dict:
+`python -m twotower.evaluation.scoring.score` writes it as a report's tokens.html; the tower_preference Space shows it
+for a model and a text. Both call `render_token_view` with the metric's result dict:
 
     html = render_token_view(results, tokens, passages, categories={"kind": kinds})
 """
@@ -138,7 +138,7 @@ def _passage_tokens(passage, entries, cards):
 
 def ablation_cards(ablation, shown_ids) -> dict[int, dict]:
     """The hover card's ablation line of each shown type: its preferred tower by mean ablation, by how much, and the
-    occurrence-level test (`ablation`: the result dict of the mean-ablation preference, evaluation/ablation.py)."""
+    occurrence-level test (`ablation`: the result dict of the mean-ablation preference, scoring/ablation.py)."""
     index = {token_id: i for i, token_id in enumerate(ablation["token_ids"])}
     cards = {}
     for token_id in sorted(shown_ids & set(index)):

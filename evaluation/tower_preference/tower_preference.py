@@ -15,6 +15,7 @@
 
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import datasets
@@ -30,7 +31,7 @@ from .parts_of_speech import parts_of_speech_summary
 from .preference_stats import validate_predictions
 from .reliability import preference_reliability
 from .replica_preference import compute_preference
-from .summary import REPLICA_SUMMARY_KEYS
+from .summary import REPLICA_SUMMARY_KEYS, summary_key_lines
 
 
 PROBE_PHASE_COMMAND = (
@@ -88,33 +89,16 @@ Args:
         twotower model whose probes gave gold_logprobs. When given, probes that were never trained (no
         `probe_training_steps` recorded by the probe phase) are refused: their preference is noise.
     type_tags (`dict` of `int` to `str`, optional): each token type's part of speech, a UPOS tag (DET, ADP, NOUN, ...;
-        e.g. the majority tag of its occurrences, twotower.evaluation.parts_of_speech_tagging); types without one are
+        e.g. the majority tag of its occurrences, twotower.evaluation.scoring.parts_of_speech_tagging); types without one are
         left out. Adds `parts_of_speech` (below).
 Returns:
-    Summary (numbers; lists have one entry per tower):
-    num_towers, num_predictions, num_token_types, num_eligible_types (count >= min_count), num_excluded_types,
-    min_count, alpha,
-    global_offset_nats (per tower: the preference of the mean log-probability over all predictions, i.e. the
-    occurrence-weighted mean preference), centered (whether it was subtracted),
-    type_share_preferring, occurrence_share_preferring (among eligible types),
-    mean_abs_preference_nats (mean over eligible types of the preferred tower's preference),
-    num_significant, significant_share (of eligible types), num_significant_preferring,
-    split_half_consistency (mean over towers of the Pearson correlation between halves; None if undefined),
-    bimodality_coefficient (Sarle's, mean over towers; > 5/9 suggests two modes; None if undefined),
-    top_token_ids, top_preference_nats (per tower, most preferred first).
+{summary_keys}
     Per token type (observed types in increasing id order):
     token_ids, count, mean_logprob [towers][types], preference_nats [towers][types] (minus the offset if centered),
     standard_error [towers][types], preferred_tower, p_value, eligible, significant.
     With probe_towers, mean_logprob and preference_nats are those of each tower's replica mean; standard_error,
     p_value, significant, num_significant, significant_share and num_significant_preferring are the replica-level
-    test's; and there is more. Summary: test ("replica"), occurrence_num_significant, occurrence_significant_share,
-    occurrence_num_significant_preferring (the occurrence-level test of the replica means), num_probes,
-    probe_towers, probe_runs (None when unpaired), paired, replicas_per_tower, reliability (1 - mean squared
-    replica-level standard error / variance of the preference over eligible types; may dip below 0 by chance),
-    reliability_ci (95% percentile bootstrap over token types), reliability_single_probe (stepped down to one
-    probe per tower by Spearman-Brown), prior_df (None when infinite), prior_variance, residual_df,
-    two_tower_difference_nats, same_tower_floor_nats (mean over eligible types of the mean |difference| of the
-    per-type mean log-probs of two probes from two runs, of two towers or of one tower). Per token type:
+    test's; and, per token type:
     probe_mean_logprob [probes][types], occurrence_standard_error [towers][types], occurrence_p_value,
     occurrence_significant, two_tower_difference_per_type_nats, same_tower_difference_per_type_nats.
     With type_tags, parts_of_speech: {num_tagged_types (eligible types with a tag), towers: per tower shown (tower 0
@@ -181,6 +165,12 @@ Examples:
     >>> print(round(results["two_tower_difference_nats"], 2), round(results["same_tower_floor_nats"], 2))
     1.01 0.35
 """
+# The summary's keys, each with its one description (summary.py), in the docstring's layout
+_KWARGS_DESCRIPTION = _KWARGS_DESCRIPTION.replace("{summary_keys}", "\n".join(
+    ["    Summary (lists have one entry per tower; the keys from `test` on only with probe_towers):"]
+    + [textwrap.fill(line, 116, initial_indent="    ", subsequent_indent="        ", break_on_hyphens=False)
+       for line in summary_key_lines(style="docstring")]
+))
 
 _CITATION = """
 @article{he2022spontaneous,

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 
-from .report import save_figure
+from ..scoring.report import save_figure
 
 
 def plot_noise_floor(frame, path):

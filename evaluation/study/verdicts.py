@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .report import load_report, numbered_columns, tower_columns
-from .tower_preference.comparisons import compare_preferences, matched_correlation
-from .tower_preference.reliability import preference_reliability
+from ..scoring.report import load_report, numbered_columns, tower_columns
+from ..tower_preference.comparisons import compare_preferences, matched_correlation
+from ..tower_preference.reliability import preference_reliability
 
 
 BOOTSTRAP_RESAMPLES = 2000

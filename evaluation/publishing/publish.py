@@ -8,12 +8,14 @@ package; pass --template to use another). The upload goes through huggingface_hu
 upload_folder); the token comes from its standard resolution (HF_TOKEN, then `hf auth login`) and is never printed.
 
 Stage and list what would be uploaded:
-    python -m twotower.training.publish --model_dir outputs/tiny-probe/model --report_dir outputs/tiny-report \
-        --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny --hardware "2 CPU cores" --dry-run
+    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model \
+        --report_dir outputs/tiny-report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
+        --hardware "2 CPU cores" --dry-run
 
 Upload (to a private repository, on a branch):
-    python -m twotower.training.publish --model_dir outputs/tiny-probe/model --report_dir outputs/tiny-report \
-        --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny --private --revision v0.1
+    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model \
+        --report_dir outputs/tiny-report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
+        --private --revision v0.1
 """
 
 import argparse
@@ -28,14 +30,14 @@ import yaml
 
 from modeling_twotower import TwoTowerForCausalLM
 
-from .arguments import RESOLVED_CONFIG_NAME
-from .utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
-from .utils.cli import run
-from .utils.errors import TwoTowerUserError
-from .hub import push_to_hub
+from twotower.training.arguments import RESOLVED_CONFIG_NAME
+from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
+from twotower.training.utils.cli import run
+from twotower.training.utils.errors import TwoTowerUserError
+from twotower.training.hub import push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
 from .model_folder import find_pretrain_config, read_json, read_yaml, short_path
-from .tokenizer import LOADING_FLAGS
+from twotower.training.tokenizer import LOADING_FLAGS
 
 PRETRAIN_CONFIG_NAME = "training_config_pretrain.yaml"  # the joint phase's config, staged beside the final one
 REPORT_SUFFIXES = (".json", ".png", ".md", ".csv", ".parquet")
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model_dir", required=True, help="the `model` folder a training run saved")
     parser.add_argument("--repo_id", required=True, help="user/name of the Hub model repository")
     parser.add_argument("--output_dir", required=True, help="where the repository folder is staged")
-    parser.add_argument("--report_dir", help="output folder of `python -m twotower.evaluation.score`")
+    parser.add_argument("--report_dir", help="output folder of `python -m twotower.evaluation.scoring.score`")
     parser.add_argument("--license", default="apache-2.0", help="a Hub license id")
     parser.add_argument("--language", default="en")
     parser.add_argument("--dataset_id", help="Hub id of the training dataset; default: the training config's")

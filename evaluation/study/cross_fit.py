@@ -1,7 +1,7 @@
 """
 The study's cross-fitted verdicts: per family and text, the cross-fitted correlation of each run (probe replicas on
-disjoint training slices, scored on alternate halves of the text's documents; evaluation/cross_fitting.py) and the
-agreement of the probe-free ablation preference with the probe preference (evaluation/ablation.py), each over the
+disjoint training slices, scored on alternate halves of the text's documents; scoring/cross_fitting.py) and the
+agreement of the probe-free ablation preference with the probe preference (scoring/ablation.py), each over the
 seeds with a t interval (the seed is the unit: with 3 seeds these are wide, and say so), for the cooperative towers,
 their independent-towers control and the difference of the two, paired by seed.
 
@@ -20,8 +20,9 @@ from scipy import stats
 from modeling_twotower.configuration_twotower import PRESETS
 from twotower.training.arguments import load_config
 
-from .report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
-from .study_verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
+from ..scoring.formatting import number, with_interval
+from ..scoring.report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
+from .verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
 
 NEAR_ZERO_R = 0.1  # a cross-fitted r whose interval stays below this is "near 0": no reproducible preference
 CROSS_FIT_KEYS = ("cross_fitted_r", "same_probes_other_text_r", "other_probes_same_text_r")
@@ -219,13 +220,11 @@ def size_grid_table(rows: list[dict]) -> pd.DataFrame:
     } for row in rows])
 
 
-def _with_ci(figure: dict | None, digits: int = 2) -> str:
-    if figure is None or figure["value"] is None:
+def _with_ci(figure: dict | None) -> str:
+    """A figure ({"value", "ci", "over"?}) with its interval, two decimals."""
+    if figure is None:
         return "n/a"
-    if figure["ci"] is None:
-        return f"{figure['value']:.{digits}f} (1 seed)"
-    text = f"{figure['value']:.{digits}f} [{figure['ci'][0]:.{digits}f}, {figure['ci'][1]:.{digits}f}]"
-    return text + " (1 seed, over types)" if figure.get("over") == "types" else text
+    return with_interval(figure["value"], figure["ci"], 2, over_types=figure.get("over") == "types")
 
 
 def cross_fit_summary_lines(verdicts: dict) -> list[str]:
@@ -262,7 +261,9 @@ def cross_fit_table(verdicts: dict) -> pd.DataFrame:
                 "family": name,
                 "seeds": len(arm["seeds"]),
                 "cross-fitted r": _with_ci(arm["cross_fitted_r"]),
-                "per seed": ", ".join(f"{value:.2f}" for value in arm["cross_fitted_r"]["per_seed"] if value is not None),
+                "per seed": ", ".join(
+                    number(value, 2) for value in arm["cross_fitted_r"]["per_seed"] if value is not None
+                ),
                 "same probes, other half": _with_ci(arm["same_probes_other_text_r"]),
                 "other probes, same half": _with_ci(arm["other_probes_same_text_r"]),
                 "ablation vs probe r": _with_ci(arm["ablation_r"]),

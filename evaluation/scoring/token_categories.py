@@ -20,7 +20,7 @@ from scipy import stats
 
 from .report import TOWER_COLORS, save_figure, tower_columns
 # the labels of a single token string live beside the metric, which the Space ships; re-exported here
-from .tower_preference.token_kinds import (  # noqa: F401
+from ..tower_preference.token_kinds import (  # noqa: F401
     BYTE_DECODER,
     KINDS,
     SCHEMES,

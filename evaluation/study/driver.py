@@ -1,7 +1,7 @@
 """
 The tower preference study in one command: for every run of a grid (model family x tower count x seed), pretrain,
 train K probe replicas per tower on the frozen model in one probe run, score every evaluation text with the
-scoring command's code (twotower.evaluation.score), then aggregate the runs into a results document (tables,
+scoring command's code (twotower.evaluation.scoring.score), then aggregate the runs into a results document (tables,
 plots): replica-level reliability and significance against the same-tower noise floor, cross-seed agreement, the
 independent-towers control and token categories.
 
@@ -57,14 +57,14 @@ from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.utils.patterns import check_regular_expression
 
-from .report import PER_TOKEN_CSV, PREFERENCE_JSON
-from .report_files import TYPE_SUMS_PARQUET
-from .score import score_model
-from .study_config import StudyConfig, StudyRun, load_study_config
-from .study_kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
-from .study_report import STUDY_JSON, summary_lines, write_study_report
-from .study_verdicts import unigram_cross_entropy
-from .tower_preference.summary import summary_keys
+from ..scoring.report import PER_TOKEN_CSV, PREFERENCE_JSON
+from ..scoring.report_files import TYPE_SUMS_PARQUET
+from ..scoring.score import score_model
+from .config import StudyConfig, StudyRun, load_study_config
+from .kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
+from .document import STUDY_JSON, summary_lines, write_study_report
+from .verdicts import unigram_cross_entropy
+from ..tower_preference.summary import summary_keys
 
 
 RUN_SUMMARY = "run.json"
@@ -160,8 +160,8 @@ def text_figures(report: dict, seconds: float | None) -> dict:
         "perplexity": report["perplexity"],  # joint, probes (per tower), probe_replicas (per replica per tower)
         "num_blocks": report["data"]["num_blocks"],
         "num_predictions": report["data"]["num_predictions"],
-        "cross_fit": report.get("cross_fit"),  # evaluation/cross_fitting.py, with probe replicas and documents
-        "ablation": report.get("ablation"),  # evaluation/ablation.py
+        "cross_fit": report.get("cross_fit"),  # evaluation/scoring/cross_fitting.py, with probe replicas and documents
+        "ablation": report.get("ablation"),  # evaluation/scoring/ablation.py
         "seconds": seconds,
     }
 
@@ -439,8 +439,10 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--recipe", default="cpu", help="a study recipe name (evaluation/study_recipes) or YAML path")
+    parser = argparse.ArgumentParser(
+        prog="python -m twotower.evaluation.study", description=__doc__.strip().splitlines()[0]
+    )
+    parser.add_argument("--recipe", default="cpu", help="a study recipe name (evaluation/study/recipes) or YAML path")
     parser.add_argument("--data_dir", required=True, help="folder the recipe's text paths are relative to")
     parser.add_argument("--output_dir", required=True, help="runs go to OUTPUT_DIR/runs")
     parser.add_argument("--report_dir", help="where the results document and each finished run's results go "

@@ -13,13 +13,13 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import AutoTokenizer
 
-from twotower.evaluation.report_files import PREFERENCE_JSON
+from ..scoring.report_files import PREFERENCE_JSON
 
-from .arguments import RESOLVED_CONFIG_NAME
+from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from .model_folder import check_model_folder, count_parameters, find_pretrain_config, read_yaml, safetensors_files
 from .model_folder import short_path
-from .objectives import AUTO_CLASSES, needs_masking, objective_of
-from .utils.markdown_escape import code_span, markdown_text, markdown_url
+from twotower.training.objectives import AUTO_CLASSES, needs_masking, objective_of
+from twotower.training.utils.markdown_escape import code_span, markdown_text, markdown_url
 
 MODEL_CARD_NAME = "model_card.md"
 REPORT_DIR_IN_REPO = "evaluation"
@@ -50,10 +50,10 @@ def model_card_template() -> Path:
     # setup.py's build step copies the top-level model_card.md into the built package, so an installed wheel
     # publishes without the source tree; a source checkout or an editable install has only the original, at the
     # repository root beside this package's folder.
-    packaged = importlib.resources.files("twotower.training") / MODEL_CARD_NAME
+    packaged = importlib.resources.files("twotower.evaluation.publishing") / MODEL_CARD_NAME
     if packaged.is_file():
         return Path(str(packaged))
-    return Path(__file__).resolve().parents[1] / MODEL_CARD_NAME
+    return Path(__file__).resolve().parents[2] / MODEL_CARD_NAME
 
 
 def describe_family(model_config: dict) -> dict:
@@ -165,7 +165,7 @@ def read_report(report_dir: str | os.PathLike) -> dict:
     if not summary_file.is_file():
         raise FileNotFoundError(
             f"--report_dir {str(report_dir)!r} has no {PREFERENCE_JSON}; pass the output folder of "
-            f"`python -m twotower.evaluation.score`."
+            f"`python -m twotower.evaluation.scoring.score`."
         )
     return json.loads(summary_file.read_text(encoding="utf-8"))
 

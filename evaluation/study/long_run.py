@@ -13,8 +13,9 @@ import math
 
 import pandas as pd
 
-from .study_cross_fit import controls_of
-from .study_verdicts import difference_conclusion
+from ..scoring.formatting import number, percent, with_interval
+from .cross_fit import controls_of
+from .verdicts import difference_conclusion
 
 
 def _point_figures(point: dict, text: str) -> dict | None:
@@ -42,7 +43,7 @@ def difference_interval(first: dict, second: dict) -> tuple[float, list[float]] 
 
 
 def point_conclusion(difference_ci, control_ci) -> str:
-    """The study's words for one trajectory point (study_verdicts' rule; no floor test here)."""
+    """The study's words for one trajectory point (verdicts.py's rule; no floor test here)."""
     if difference_ci is None:
         return "n/a"
     return difference_conclusion(difference_ci, control_ci) or "no difference shown"
@@ -93,23 +94,15 @@ def long_run_rows(summaries: list[dict], text: str, study) -> list[dict]:
     return rows
 
 
-def _value(value, digits=3):
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _with_ci(value, ci):
-    return "n/a" if value is None else f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
-
-
 def long_run_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "family": row["family"], "seed": row["seed"], "step": row["step"], "x": f"{row['multiple']:g}",
-        "validation loss": _value(row["validation_loss"]),
-        "drop since last": "" if row["relative_drop"] is None else f"{100 * row['relative_drop']:.1f}%",
-        "reliability": _with_ci(row["reliability"], row["reliability_ci"]),
-        "control reliability": _with_ci(row["control_reliability"], row["control_reliability_ci"]),
-        "difference": _with_ci(row["difference"], row["difference_ci"]),
-        "cross-fitted r": f"{_value(row['cross_fitted_r'], 2)} / {_value(row['control_cross_fitted_r'], 2)}",
-        "ablation vs probe r": f"{_value(row['ablation_r'], 2)} / {_value(row['control_ablation_r'], 2)}",
+        "validation loss": number(row["validation_loss"]),
+        "drop since last": "" if row["relative_drop"] is None else percent(row["relative_drop"]),
+        "reliability": with_interval(row["reliability"], row["reliability_ci"]),
+        "control reliability": with_interval(row["control_reliability"], row["control_reliability_ci"]),
+        "difference": with_interval(row["difference"], row["difference_ci"]),
+        "cross-fitted r": f"{number(row['cross_fitted_r'], 2)} / {number(row['control_cross_fitted_r'], 2)}",
+        "ablation vs probe r": f"{number(row['ablation_r'], 2)} / {number(row['control_ablation_r'], 2)}",
         "verdict": row["conclusion"],
     } for row in rows])

@@ -24,9 +24,9 @@ import pandas as pd
 
 from twotower.training.data import load_raw_datasets
 
-from .cross_fitting import CrossFittedPreference
-from .parts_of_speech_tagging import TypeTags, tag_lines
-from .tower_preference.parts_of_speech import NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast
+from ..scoring.cross_fitting import CrossFittedPreference
+from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines
+from ..tower_preference.parts_of_speech import NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast
 
 
 def read_type_sums(type_sums) -> pd.DataFrame:

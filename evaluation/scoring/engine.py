@@ -5,6 +5,7 @@ accumulator.
 """
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -20,8 +21,8 @@ from twotower.training.objectives import (
 )
 
 from .ablation import MeanAblation, joint_nll, tower_feature_means
-from .tower_preference.preference_stats import PreferenceAccumulator
-from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
+from ..tower_preference.preference_stats import PreferenceAccumulator
+from ..tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
 
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
@@ -60,6 +61,26 @@ def preference_accumulator(config, pair_replicas=True):
 
 
 @dataclass
+class ScoredPass:
+    """One scoring pass over a batch of blocks, as every consumer of `score_blocks` sees it."""
+
+    scored: torch.Tensor  # [batch, seq - shift] bool: the predicting positions of this pass
+    shift: int  # position t predicts token t + shift
+    token_ids: np.ndarray  # [n] the scored tokens, row by row
+    joint_nll: torch.Tensor  # [n] the joint model's NLL of each
+    probe_gold: list  # one [probes, n] float32 array of gold log-probabilities per probe set, tower-major
+    ablation_increases: np.ndarray | None = None  # [towers, n]: the joint NLL's rise with each tower mean-ablated
+
+
+class PassConsumer(Protocol):
+    """What `score_blocks` feeds: each batch as it starts, then each of its scoring passes."""
+
+    def begin_batch(self, batch: dict) -> None: ...
+
+    def update_pass(self, scored_pass: ScoredPass) -> None: ...
+
+
+@dataclass
 class BlockScores:
     """What `score_blocks` summed: scored positions, the joint model's NLL, each probe set's NLL and accumulator."""
 
@@ -77,6 +98,16 @@ class BlockScores:
         """Token-weighted mean NLL of every probe of one probe set, tower-major."""
         return (self.probe_nll_sums[probe_set] / self.num_targets).tolist()
 
+    def begin_batch(self, batch) -> None:
+        pass
+
+    def update_pass(self, scored_pass: ScoredPass) -> None:
+        self.joint_nll_sum += scored_pass.joint_nll.sum().item()
+        self.num_targets += scored_pass.token_ids.shape[0]
+        for nll_sum, accumulator, gold in zip(self.probe_nll_sums, self.accumulators, scored_pass.probe_gold):
+            nll_sum -= gold.astype(np.float64).sum(axis=1)
+            accumulator.update(scored_pass.token_ids, gold)
+
 
 class ScoredPassages:
     """
@@ -93,7 +124,7 @@ class ScoredPassages:
         self._rows = 0  # rows of the current batch that are recorded
         self._batch_gold = None  # [probes, rows, seq] of the current batch, filled pass by pass
 
-    def add_batch(self, batch):
+    def begin_batch(self, batch):
         """Start a batch: keep its first rows while fewer than max_blocks blocks are kept."""
         self._rows = min(self.max_blocks - len(self.input_ids), batch["input_ids"].shape[0])
         self._batch_gold = None
@@ -103,13 +134,11 @@ class ScoredPassages:
         self.input_ids += list(input_ids)
         self.attention_mask += list(kept.astype(bool))
 
-    def record(self, scored, gold, shift):
-        """
-        One scoring pass over the current batch: `scored` [batch, seq - shift] marks the predicting positions and
-        `gold` [probes, n] holds their log-probabilities in that order; position t predicts token t + shift.
-        """
+    def update_pass(self, scored_pass: ScoredPass):
+        """One scoring pass over the current batch: its recorded probe set's log-probabilities at the scored tokens."""
         if self._rows == 0:
             return
+        scored, gold, shift = scored_pass.scored, scored_pass.probe_gold[self.probe_set], scored_pass.shift
         predicted = F.pad(scored[: self._rows], (shift, 0), value=False).cpu().numpy()  # [rows, seq]: tokens scored
         if self._batch_gold is None:
             self._batch_gold = np.full((gold.shape[0], *predicted.shape), np.nan, np.float32)
@@ -135,68 +164,62 @@ def _batch_passes(batch, device, model, mask_passes, mask_token_id):
         yield inputs, labels, attention_mask
 
 
+def _score_pass(model, probe_models, inputs, labels, attention_mask, ablation, probe_chunk_size) -> ScoredPass:
+    """One pass of the towers over a batch, and from it the joint model's NLL and every probe set's gold
+    log-probabilities at the scored positions (and, with `ablation`, the ablation increases there)."""
+    objective = objective_of(model)
+    targets = prediction_targets(labels, objective)  # [batch, seq - shift]
+    scored = targets != -100
+    features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
+    # a masking pass scores 1 in mask_passes positions: only those
+    scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+    nll = joint_nll(model, scored_features, targets[scored])  # [n]
+    increases = None if ablation is None else ablation.update(model, scored_features, targets[scored], nll)
+    gold = [_gold_logprobs(probe_model, inputs, labels, features, scored, probe_chunk_size)
+            for probe_model in probe_models]
+    return ScoredPass(scored, target_shift(objective), targets[scored].cpu().numpy(), nll, gold, increases)
+
+
 @torch.inference_mode()
 def score_blocks(
     model,
     dataloader,
     probe_models=None,
     accumulators=None,
+    consumers=(),
+    ablation=False,
     probe_chunk_size=None,
     mask_passes=DEFAULT_MASK_PASSES,
     mask_token_id=None,
     pair_replicas=True,
     disable_tqdm=False,
-    passages=None,
-    cross_fit=None,
-    ablation=False,
 ) -> BlockScores:
     """
     Run the towers of `model` once per scoring pass of every batch of blocks, and feed from that one pass the joint
     model's NLL and, for each probe set (`probe_models`: models whose probes were trained on this frozen model;
     default `[model]`), its gold log-probabilities into its NLL sums and its accumulator (`accumulators`, default
-    `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`), and into
-    `passages` (a ScoredPassages) for the first blocks, and the first probe set's into `cross_fit` (a
-    cross_fitting.CrossFittedPreference) with the document of each prediction (the batches' "document" [batch]).
+    `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`), then every
+    scoring pass into each of `consumers` (PassConsumer: e.g. ScoredPassages, cross_fitting.CrossFittedPreference).
     With `ablation`, a first pass of the towers takes each tower's mean feature, and the joint model's loss with each
-    tower mean-ablated feeds `BlockScores.ablation` (evaluation/ablation.py), and `cross_fit`'s per-type sums.
+    tower mean-ablated feeds `BlockScores.ablation` (evaluation/scoring/ablation.py) and every pass's
+    `ablation_increases`.
     """
     probe_models = [model] if probe_models is None else list(probe_models)
     if accumulators is None:
         accumulators = [preference_accumulator(probe_model.config, pair_replicas) for probe_model in probe_models]
     scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
-    device, objective = next(model.parameters()).device, objective_of(model)
+    device = next(model.parameters()).device
     if ablation:
         passes = (each for batch in tqdm(dataloader, desc="Tower means", disable=disable_tqdm)
                   for each in _batch_passes(batch, device, model, mask_passes, mask_token_id))
         scores.ablation = MeanAblation(tower_feature_means(model, passes), model.config.vocab_size)
+    consumers = [scores, *consumers]
     for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
-        if passages is not None:
-            passages.add_batch(batch)
+        for consumer in consumers:
+            consumer.begin_batch(batch)
         for inputs, labels, attention_mask in _batch_passes(batch, device, model, mask_passes, mask_token_id):
-            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
-            scored = targets != -100
-            features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
-            # a masking pass scores 1 in mask_passes positions: only those
-            scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
-            nll = joint_nll(model, scored_features, targets[scored])  # [n]
-            scores.joint_nll_sum += nll.sum().item()
-            scored_targets = targets[scored].cpu().numpy()  # [n]
-            if cross_fit is not None:
-                rows = scored.nonzero(as_tuple=True)[0].cpu()  # the block of every scored position, in order
-                documents = batch["document"][rows].numpy()
-            if scores.ablation is not None:
-                increases = scores.ablation.update(model, scored_features, targets[scored], nll)
-                if cross_fit is not None:
-                    cross_fit.update_ablation(scored_targets, increases, documents)
-            scores.num_targets += scored_targets.shape[0]
-            for index, (probe_model, nll_sum, accumulator) in enumerate(
-                zip(probe_models, scores.probe_nll_sums, accumulators)
-            ):
-                gold = _gold_logprobs(probe_model, inputs, labels, features, scored, probe_chunk_size)
-                nll_sum -= gold.astype(np.float64).sum(axis=1)
-                accumulator.update(scored_targets, gold)
-                if passages is not None and index == passages.probe_set:
-                    passages.record(scored, gold, target_shift(objective))
-                if cross_fit is not None and index == 0:
-                    cross_fit.update(scored_targets, gold, documents)
+            scored_pass = _score_pass(model, probe_models, inputs, labels, attention_mask, scores.ablation,
+                                      probe_chunk_size)
+            for consumer in consumers:
+                consumer.update_pass(scored_pass)
     return scores

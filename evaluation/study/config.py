@@ -1,5 +1,5 @@
 """
-A study recipe (evaluation/study_recipes/*.yaml, or any YAML path) as a StudyConfig: the texts, the model families
+A study recipe (evaluation/study/recipes/*.yaml, or any YAML path) as a StudyConfig: the texts, the model families
 and their controls, the grid of runs, the trajectory and the options laid over every pretraining, probe run and
 scoring; every option checked when the recipe loads, before hours of training.
 """
@@ -13,10 +13,10 @@ import yaml
 from twotower.training.arguments import read_recipe, resolve_recipe_path
 from twotower.training.utils.errors import TwoTowerUserError
 
-from .score import ScoringArguments
-from .study_names import check_recipe_names
+from ..scoring.score import ScoringArguments
+from .names import check_recipe_names
 
-STUDY_RECIPES_DIR = Path(__file__).resolve().parent / "study_recipes"
+STUDY_RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 MIN_PROBE_REPLICAS = 2  # the replica-level test and the same-tower floor compare replicas of one tower
 SCORING_SET_BY_STUDY = ("model_dir", "output_dir", "validation_file", "max_blocks", "spread_blocks", "center")
 
@@ -150,7 +150,7 @@ class StudyRun:
 
 
 def load_study_config(recipe: str) -> StudyConfig:
-    """A study recipe name (evaluation/study_recipes) or a YAML path -> StudyConfig."""
+    """A study recipe name (evaluation/study/recipes) or a YAML path -> StudyConfig."""
     path = resolve_recipe_path(recipe, STUDY_RECIPES_DIR)
     if "probe_seed_offset" in (yaml.safe_load(path.read_text()) or {}):
         raise TwoTowerUserError(

@@ -81,6 +81,19 @@ class CrossFittedPreference:
         self.count = np.zeros((NUM_HALVES, vocab_size), np.int64)
         self.ablation_increase_sum = None  # [halves, towers, vocab] float64, once `update_ablation` is fed
         self.documents = [set(), set()]  # the documents seen in each half
+        self._batch_documents = None  # the current batch's "document" [batch], as score_blocks feeds it
+
+    def begin_batch(self, batch) -> None:
+        self._batch_documents = batch["document"]
+
+    def update_pass(self, scored_pass) -> None:
+        """One scoring pass (scoring/engine.py): the first probe set's gold log-probabilities and, where computed,
+        the ablation increases, each prediction in the half of its block's document."""
+        rows = scored_pass.scored.nonzero(as_tuple=True)[0].cpu()  # the block of every scored position, in order
+        documents = self._batch_documents[rows].numpy()
+        self.update(scored_pass.token_ids, scored_pass.probe_gold[0], documents)
+        if scored_pass.ablation_increases is not None:
+            self.update_ablation(scored_pass.token_ids, scored_pass.ablation_increases, documents)
 
     def update(self, token_ids, gold_logprobs, documents) -> None:
         """token_ids [n], gold_logprobs [probes, n], documents [n]: the document of each prediction (its half: the
@@ -97,7 +110,7 @@ class CrossFittedPreference:
             self.documents[half].update(np.unique(documents[in_half]).tolist())
 
     def update_ablation(self, token_ids, increases, documents) -> None:
-        """token_ids [n], increases [towers, n] (evaluation/ablation.py: the joint model's loss increase with each tower
+        """token_ids [n], increases [towers, n] (scoring/ablation.py: the joint model's loss increase with each tower
         mean-ablated), documents [n], as in `update`."""
         token_ids, documents = np.asarray(token_ids), np.asarray(documents)
         if self.ablation_increase_sum is None:

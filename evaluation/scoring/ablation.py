@@ -18,8 +18,8 @@ from torch.nn import functional as F
 from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
 
 from .cross_fitting import pooled_pearson
-from .tower_preference.preference_stats import PreferenceAccumulator
-from .tower_preference.summary import summary_keys
+from ..tower_preference.preference_stats import PreferenceAccumulator
+from ..tower_preference.summary import summary_keys
 
 
 # what preference.json keeps of the ablation preference's own summary
@@ -90,7 +90,7 @@ class MeanAblation:
 def tower_feature_means(model, passes) -> torch.Tensor:
     """
     Each tower's mean feature [towers, hidden] (float32) over the scored positions of `passes`, an iterable of
-    (inputs, labels, attention_mask) scoring passes (scoring_engine's).
+    (inputs, labels, attention_mask) scoring passes (engine.py's).
     """
     objective, total, count = objective_of(model), None, 0
     for inputs, labels, attention_mask in passes:

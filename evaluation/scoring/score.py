@@ -2,14 +2,14 @@
 Score a two-tower model that has trained probes: each probe's log-probability of every gold token of a dataset,
 the joint model's and each probe's perplexity, the tower preference statistics, and a report folder
 (preference.json, preference_per_token.csv, PNG plots, report.md, and tokens.html, the token view of the first
-blocks; see twotower.evaluation.report).
+blocks; see twotower.evaluation.scoring.report).
 
 The data options are the training command's: the same flags select the same held-out blocks (the validation
 split, or the blocks held out of the training text with a fixed seed). A local --validation_file alone is
 enough to score that text.
 
 One CPU, a model trained with the tiny recipes:
-    python -m twotower.evaluation.score --model_dir outputs/tiny-probe/model --output_dir outputs/tiny-report \
+    python -m twotower.evaluation.scoring.score --model_dir outputs/tiny-probe/model --output_dir outputs/tiny-report \
         --validation_file ../shared/data/wikitext-2/valid.txt
 
 A masked LM (BERT-style) is scored in deterministic masking passes that mask every token exactly once
@@ -17,7 +17,7 @@ A masked LM (BERT-style) is scored in deterministic masking passes that mask eve
 reads the token it predicts, so it is scored in one unmasked pass. preference.json and report.md say which.
 
 One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat16:
-    python -m twotower.evaluation.score --model_dir outputs/base-probe/model --output_dir outputs/base-report \
+    python -m twotower.evaluation.scoring.score --model_dir outputs/base-probe/model --output_dir outputs/base-report \
         --dataset_name wikitext --dataset_config_name wikitext-103-raw-v1 --dtype bfloat16 --batch_size 128
 """
 
@@ -55,10 +55,10 @@ from .ablation import ablation_summary
 from .cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
 from .parts_of_speech_report import parts_of_speech_section, scored_text_lines
 from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
+from .engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .report_lock import report_folder_locked
-from .scoring_engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .token_categories import categorize, detect_scheme
-from .tower_preference.token_view import render_token_view, token_texts
+from ..tower_preference.token_view import render_token_view, token_texts
 
 
 SPLITS = ("validation", "train")
@@ -135,12 +135,12 @@ class ScoringArguments(DataArguments):
     # global_offset_nats in the summary and the tower_preference metric card
     pair_replicas: bool = True  # probe replicas: replica r of every tower was trained on the same data order
     # (the probe phase does this), so the test pairs them; False compares independent replica means
-    ablation: bool = True  # the mean-ablation preference beside the probes' (evaluation/ablation.py): one more
+    ablation: bool = True  # the mean-ablation preference beside the probes' (scoring/ablation.py): one more
     # pass of the towers and one of the joint head per tower
     document_pattern: str | None = WIKITEXT_ARTICLE_HEADING  # cross-fitting: a line matching it starts a new
-    # document, as does every file of the text; alternate documents form the two halves (evaluation/cross_fitting.py)
+    # document, as does every file of the text; alternate documents form the two halves (scoring/cross_fitting.py)
     parts_of_speech: bool = True  # tag the scored text (spaCy: `pip install "twotower[pos]"`) for the preference per
-    # part of speech and the function/content contrast (evaluation/parts_of_speech_report.py); without spaCy,
+    # part of speech and the function/content contrast (scoring/parts_of_speech_report.py); without spaCy,
     # report.md says how to get them
 
     def __post_init__(self):
@@ -370,8 +370,7 @@ def score_model(model_dir, output_dir, **options):
         mask_token_id=tokenizer.mask_token_id,
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
-        passages=passages,
-        cross_fit=cross_fit,
+        consumers=[passages] if cross_fit is None else [passages, cross_fit],
         ablation=args.ablation,
     )
     (accumulator,) = scores.accumulators
@@ -431,7 +430,7 @@ def token_view_page(result, tokens, passages, tokenizer, source, ablation=None):
 
 
 def token_view_categories(result, tokens, tokenizer) -> dict:
-    """The token categories of every scored type (twotower.evaluation.token_categories), or none for a tokenizer
+    """The token categories of every scored type (twotower.evaluation.scoring.token_categories), or none for a tokenizer
     that is neither byte-level BPE nor WordPiece, whose pieces they cannot label."""
     try:
         scheme = detect_scheme(tokenizer.get_vocab())

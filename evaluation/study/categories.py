@@ -8,9 +8,10 @@ type counted once (the scoring's centering removes the offset over occurrences, 
 import numpy as np
 import pandas as pd
 
-from .report import eligible_preferences, load_report, tower_columns
-from .token_categories import categorize, category_preferences
-from .tower_preference.comparisons import compare_preferences
+from ..scoring.formatting import number
+from ..scoring.report import eligible_preferences, load_report, tower_columns
+from ..scoring.token_categories import categorize, category_preferences
+from ..tower_preference.comparisons import compare_preferences
 
 RECURRENCE_GROUPINGS = ("kind", "frequency", "case")  # the groupings whose recurrence the document tabulates
 
@@ -47,7 +48,7 @@ def _category_share(frame, category):
         return "n/a"
     tower = int(match["tower_of_reference_0"].iloc[0])
     share = match[f"num_preferring_tower{tower}"].iloc[0] / match["num_types"].iloc[0]
-    return f"{share:.2f}{'*' if match['q_value'].iloc[0] < 0.05 else ''}"
+    return number(share, 2) + ("*" if match["q_value"].iloc[0] < 0.05 else "")
 
 
 def category_table(per_seed):

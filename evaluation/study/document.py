@@ -1,9 +1,9 @@
 """
-The results document of a tower preference study: the verdicts with their 95% intervals (study_verdicts), the
-cross-fitted verdicts and the size grid (study_cross_fit), the long-run check (study_long_run), per-run tables of
+The results document of a tower preference study: the verdicts with their 95% intervals (verdicts.py), the
+cross-fitted verdicts and the size grid (cross_fit.py), the long-run check (long_run.py), per-run tables of
 the replica-level figures against the same-tower noise floor, the training trajectory and the comparison at matched
-probe quality, the convergence check, token categories (study_categories) and each tower's most reliably preferred
-types, plots (study_plots). This module gathers the figures and tables; the text is the Jinja template
+probe quality, the convergence check, token categories (categories.py) and each tower's most reliably preferred
+types, plots (plots.py). This module gathers the figures and tables; the text is the Jinja template
 templates/study.md.j2.
 
 Layout of the report folder:
@@ -28,6 +28,7 @@ import json
 import os
 import platform
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,10 +36,11 @@ import torch
 
 from twotower.training.utils.atomic import write_text_atomically
 
-from .cross_fitting import replica_groups
-from .report import load_report, template_environment, tower_columns
-from .study_categories import category_recurrence, category_rows, category_table, recurrence_table
-from .study_cross_fit import (
+from ..scoring.cross_fitting import replica_groups
+from ..scoring.formatting import markdown_table, number, percent, with_interval
+from ..scoring.report import load_report, template_environment, tower_columns
+from .categories import category_recurrence, category_rows, category_table, recurrence_table
+from .cross_fit import (
     NEAR_ZERO_R,
     cross_fit_summary_lines,
     cross_fit_table,
@@ -46,28 +48,21 @@ from .study_cross_fit import (
     size_grid_rows,
     size_grid_table,
 )
-from .study_long_run import long_run_rows, long_run_table
-from .study_plots import plot_convergence, plot_noise_floor, plot_trajectory
-from .study_verdicts import (
+from .long_run import long_run_rows, long_run_table
+from .plots import plot_convergence, plot_noise_floor, plot_trajectory
+from .verdicts import (
     CONVERGENCE_TOLERANCE, MASKED_MARGIN_NATS, NULL_PERMUTATIONS, convergence_check, difference_or_none,
     family_verdict, load_run_types, matched_quality, trajectory_rows,
 )
-from .token_categories import plot_category_preferences
+from ..scoring.token_categories import plot_category_preferences
 
 
 TOP_TYPES = 20
 STUDY_MD = "STUDY.md"
 STUDY_JSON = "study.json"
 STUDY_TEMPLATE = "study.md.j2"
+TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 STUDY_PLOTS = ("noise_floor.png", "trajectory.png", "convergence.png", "categories_*.png")  # what the study draws
-
-
-def _fmt(value, digits=3):
-    return "n/a" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
-
-
-def _percent(share):
-    return "n/a" if share is None or np.isnan(share) else f"{100 * share:.1f}%"
 
 
 def score_dir(runs_dir, run_name, text):
@@ -137,15 +132,10 @@ def compute_minutes(summaries):
     return (sum(minutes), max(minutes)) if minutes else (None, None)
 
 
-def markdown_table(frame):
-    """A DataFrame of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
-    return frame.to_markdown(index=False, disable_numparse=True)
-
-
 def _perplexities(per_tower, per_replica):
     """Per tower: its perplexity (from the replicas' mean NLL) and the range over its replicas."""
     return " / ".join(
-        f"{_fmt(tower, 1)} ({_fmt(min(replicas), 1)}-{_fmt(max(replicas), 1)})"
+        f"{number(tower, 1)} ({number(min(replicas), 1)}-{number(max(replicas), 1)})"
         for tower, replicas in zip(per_tower, per_replica)
     )
 
@@ -155,25 +145,25 @@ def runs_table(frame):
         {
             "run": frame["run"],
             "text": frame["text"],
-            "joint ppl": frame["joint_perplexity"].map(lambda value: _fmt(value, 1)),
+            "joint ppl": frame["joint_perplexity"].map(lambda value: number(value, 1)),
             "probe ppl per tower (replica range)": [
                 _perplexities(*values) for values in zip(frame["probe_perplexity"], frame["probe_replica_perplexity"])
             ],
             "probe stop step": frame["probe_stop_step"],
-            "offset (nats)": frame["global_offset_nats"].map(_fmt),
+            "offset (nats)": frame["global_offset_nats"].map(number),
             "reliability (95% interval)": [
-                f"{_fmt(value)} ({_fmt(low)} to {_fmt(high)})"
+                f"{number(value)} ({number(low)} to {number(high)})"
                 for value, low, high in zip(
                     frame["reliability"], frame["reliability_ci_low"], frame["reliability_ci_high"]
                 )
             ],
-            "one probe": frame["reliability_single_probe"].map(_fmt),
-            "significant: replica-level": frame["significant_share"].map(_fmt),
-            "occurrence-level": frame["occurrence_significant_share"].map(_fmt),
-            "two-tower diff (nats)": frame["two_tower_difference_nats"].map(_fmt),
-            "same-tower floor": frame["same_tower_floor_nats"].map(_fmt),
+            "one probe": frame["reliability_single_probe"].map(number),
+            "significant: replica-level": frame["significant_share"].map(number),
+            "occurrence-level": frame["occurrence_significant_share"].map(number),
+            "two-tower diff (nats)": frame["two_tower_difference_nats"].map(number),
+            "same-tower floor": frame["same_tower_floor_nats"].map(number),
             "eligible types": frame["num_eligible_types"],
-            "run minutes": frame["run_minutes"].map(lambda value: _fmt(value, 1)),
+            "run minutes": frame["run_minutes"].map(lambda value: number(value, 1)),
         }
     )
 
@@ -222,8 +212,8 @@ def machine_description():
 
 
 def render_template(name, **context):
-    """A document from evaluation/templates (shipped with the package), with the report's number filters."""
-    return template_environment(fmt=_fmt, percent=_percent).get_template(name).render(**context)
+    """A document from evaluation/study/templates (shipped with the package), with the report's number filters."""
+    return template_environment(TEMPLATES_DIR, fmt=number, percent=percent).get_template(name).render(**context)
 
 
 def family_runs(summaries, runs_dir, text, family):
@@ -287,42 +277,37 @@ def convergence_checks(summaries, convergence):
 
 def summary_lines(verdicts) -> list[str]:
     """One Markdown line per family: its verdict with the figures behind it (the README quotes these lines)."""
-    def with_ci(value, ci):
-        return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
-
     lines = []
     for family, verdict in verdicts.items():
         seeds = len(verdict["seeds"])
         line = f"- **{family}** ({seeds} seed{'s' if seeds != 1 else ''}): *{verdict['conclusion']}*; reliability "
-        line += with_ci(verdict["reliability"], verdict["reliability_ci"])
+        line += with_interval(verdict["reliability"], verdict["reliability_ci"], 2)
         if verdict["control_reliability"] is not None:
-            line += f" vs {with_ci(verdict['control_reliability'], verdict['control_reliability_ci'])} for "
-            line += f"independent towers (difference {with_ci(verdict['difference'], verdict['difference_ci'])})"
-        over_floor = with_ci(verdict["preference_over_floor"], verdict["preference_over_floor_ci"])
+            line += f" vs {with_interval(verdict['control_reliability'], verdict['control_reliability_ci'], 2)} for "
+            difference = with_interval(verdict["difference"], verdict["difference_ci"], 2)
+            line += f"independent towers (difference {difference})"
+        over_floor = with_interval(verdict["preference_over_floor"], verdict["preference_over_floor_ci"], 2)
         line += f", over the same-tower floor by {over_floor} nats"
         if verdict["cross_seed_r"] is not None:
-            line += (f", cross-seed r {with_ci(verdict['cross_seed_r'], verdict['cross_seed_r_ci'])} "
-                     f"(null {verdict['cross_seed_null_r']:.2f})")
+            line += (f", cross-seed r {with_interval(verdict['cross_seed_r'], verdict['cross_seed_r_ci'], 2)} "
+                     f"(null {number(verdict['cross_seed_null_r'], 2)})")
         lines.append(line + ".")
     return lines
 
 
 def verdict_rows(verdicts):
     """The verdicts as a table: one row per family, every figure with its interval."""
-    def with_ci(value, ci, digits=3):
-        return "n/a" if value is None else f"{_fmt(value, digits)} [{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
-
     return pd.DataFrame([
-        {"family": family, "seeds": len(verdict["seeds"]), "joint ppl": _fmt(verdict["joint_perplexity"], 1),
-         "reliability": with_ci(verdict["reliability"], verdict["reliability_ci"]),
-         "control reliability": with_ci(verdict["control_reliability"], verdict["control_reliability_ci"]),
-         "difference": with_ci(verdict["difference"], verdict["difference_ci"]),
-         "over floor (nats)": with_ci(verdict["preference_over_floor"], verdict["preference_over_floor_ci"]),
-         "control over floor": with_ci(verdict["control_preference_over_floor"],
+        {"family": family, "seeds": len(verdict["seeds"]), "joint ppl": number(verdict["joint_perplexity"], 1),
+         "reliability": with_interval(verdict["reliability"], verdict["reliability_ci"]),
+         "control reliability": with_interval(verdict["control_reliability"], verdict["control_reliability_ci"]),
+         "difference": with_interval(verdict["difference"], verdict["difference_ci"]),
+         "over floor (nats)": with_interval(verdict["preference_over_floor"], verdict["preference_over_floor_ci"]),
+         "control over floor": with_interval(verdict["control_preference_over_floor"],
                                        verdict["control_preference_over_floor_ci"]),
-         "cross-seed r": with_ci(verdict["cross_seed_r"], verdict["cross_seed_r_ci"]),
+         "cross-seed r": with_interval(verdict["cross_seed_r"], verdict["cross_seed_r_ci"]),
          "null r (95th pct)": "n/a" if verdict["cross_seed_null_r"] is None else
-         f"{_fmt(verdict['cross_seed_null_r'])} ({_fmt(verdict['cross_seed_null_r_95'])})",
+         f"{number(verdict['cross_seed_null_r'])} ({number(verdict['cross_seed_null_r_95'])})",
          "verdict": verdict["conclusion"]}
         for family, verdict in verdicts.items()
     ])
@@ -487,9 +472,9 @@ def trajectory_table(trajectory):
     frame = pd.DataFrame(trajectory)
     return pd.DataFrame({
         "run": frame["run"], "step": frame["step"],
-        "validation loss": frame["validation_loss"].map(_fmt),
-        "probe ppl": frame["probe_perplexity"].map(lambda value: _fmt(value, 1)),
-        "joint ppl": frame["joint_perplexity"].map(lambda value: _fmt(value, 1)),
-        "reliability": frame["reliability"].map(_fmt),
-        "over floor (nats)": frame["preference_over_floor"].map(_fmt),
+        "validation loss": frame["validation_loss"].map(number),
+        "probe ppl": frame["probe_perplexity"].map(lambda value: number(value, 1)),
+        "joint ppl": frame["joint_perplexity"].map(lambda value: number(value, 1)),
+        "reliability": frame["reliability"].map(number),
+        "over floor (nats)": frame["preference_over_floor"].map(number),
     })

@@ -42,6 +42,7 @@ from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa
 from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
 from twotower.training.utils.markdown_escape import code_span, markdown_text, markdown_url  # noqa: E402
 
+from .formatting import markdown_table, number  # noqa: E402
 from .report_files import (  # noqa: E402
     PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
 )
@@ -67,7 +68,7 @@ BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tes
 
 def per_token_table(result, tokens, ablation=None):
     """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order;
-    `ablation`, the mean-ablation PreferenceResult of the same positions (evaluation/ablation.py), adds its columns."""
+    `ablation`, the mean-ablation PreferenceResult of the same positions (scoring/ablation.py), adds its columns."""
     columns = {"token_id": result.token_ids, "token": tokens, "count": result.count}
     for name in ("mean_logprob", "preference_nats", "standard_error"):
         for tower_idx, values in enumerate(getattr(result, name)):
@@ -233,28 +234,19 @@ def _markdown_token(token):
     return "`" + str(token).replace("`", "'").replace("|", "\\|") + "`"
 
 
-def _number(value, digits=3):
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def markdown_table(rows, columns):
-    """Rows of formatted cells as a Markdown table; cells stay as written (no parsing into numbers)."""
-    return pd.DataFrame(rows, columns=columns).to_markdown(index=False, disable_numparse=True, tablefmt="github")
-
-
 def perplexity_table(perplexity):
     """The perplexity table, with a column of each tower's replicas when it has several probes."""
     replicas = perplexity.get("probe_replicas")
     if replicas is None:
-        rows = [("joint model", _number(perplexity["joint"], 2))]
-        rows += [(f"probe of tower {t}", _number(value, 2)) for t, value in enumerate(perplexity["probes"])]
-        return markdown_table(rows, ["model", "perplexity"])
-    rows = [("joint model", _number(perplexity["joint"], 2), "")]
+        rows = [("joint model", number(perplexity["joint"], 2))]
+        rows += [(f"probe of tower {t}", number(value, 2)) for t, value in enumerate(perplexity["probes"])]
+        return markdown_table(pd.DataFrame(rows, columns=["model", "perplexity"]), tablefmt="github")
+    rows = [("joint model", number(perplexity["joint"], 2), "")]
     rows += [
-        (f"probes of tower {t}", _number(value, 2), ", ".join(_number(r, 2) for r in replicas[t]))
+        (f"probes of tower {t}", number(value, 2), ", ".join(number(r, 2) for r in replicas[t]))
         for t, value in enumerate(perplexity["probes"])
     ]
-    return markdown_table(rows, ["model", "perplexity", "each replica"])
+    return markdown_table(pd.DataFrame(rows, columns=["model", "perplexity", "each replica"]), tablefmt="github")
 
 
 def preference_table(summary, is_replica):
@@ -262,14 +254,14 @@ def preference_table(summary, is_replica):
     rows = [
         (
             t,
-            _number(summary["type_share_preferring"][t]),
-            _number(summary["occurrence_share_preferring"][t]),
+            number(summary["type_share_preferring"][t]),
+            number(summary["occurrence_share_preferring"][t]),
             summary["num_significant_preferring"][t],
         )
         for t in range(summary["num_towers"])
     ]
     columns = ["tower", "share of token types", "share of occurrences", f"significant types{BEYOND_NOISE[is_replica]}"]
-    return markdown_table(rows, columns)
+    return markdown_table(pd.DataFrame(rows, columns=columns), tablefmt="github")
 
 
 def top_tokens_tables(summary, table, is_replica):
@@ -288,14 +280,14 @@ def top_tokens_tables(summary, table, is_replica):
             )
             for token_id, preference in zip(token_ids, preferences)
         ]
-        tables.append(markdown_table(rows, columns))
+        tables.append(markdown_table(pd.DataFrame(rows, columns=columns), tablefmt="github"))
     return tables
 
 
-def template_environment(**filters) -> jinja2.Environment:
-    """The documents' templates (evaluation/templates, shipped with the package), with the given filters."""
+def template_environment(templates_dir=TEMPLATES_DIR, **filters) -> jinja2.Environment:
+    """The templates in `templates_dir` (shipped with the package; the report's by default), with the given filters."""
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,  # a missing figure fails the render instead of printing nothing
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -310,7 +302,7 @@ def render_markdown(report, table, has_token_view=False):
     folder has one, a link to the token view."""
     summary = report["summary"]
     is_replica = summary.get("test") == "replica"
-    environment = template_environment(number=_number)
+    environment = template_environment(number=number)
     return environment.get_template(REPORT_TEMPLATE).render(
         report=report,
         settings=report.get("settings", {}),  # reports before objectives had none
@@ -381,7 +373,7 @@ def load_report(report_dir):
     if missing:
         raise FileNotFoundError(
             f"{report_dir} is not a tower preference report (missing {missing}); pass a folder written by "
-            "`python -m twotower.evaluation.score`."
+            "`python -m twotower.evaluation.scoring.score`."
         )
     report = json.loads((report_dir / PREFERENCE_JSON).read_text(encoding="utf-8"))
     # empty cells are missing numbers, but token strings stay as written ("nan" and "null" are tokens too)

@@ -4,10 +4,11 @@ import json
 from pathlib import Path
 
 import yaml
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 
-from .arguments import RESOLVED_CONFIG_NAME
-from .utils.errors import TwoTowerUserError
+from twotower.training.arguments import RESOLVED_CONFIG_NAME
+from twotower.training.loading import check_weight_files
+from twotower.training.utils.errors import TwoTowerUserError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused: loading them runs code
 
@@ -63,26 +64,6 @@ def check_model_folder(model_dir: Path) -> dict:
         raise FileNotFoundError(f"{model_dir} lacks {missing}; pass the `model` folder a training run saved.")
     check_weight_files(safetensors_files(model_dir))
     return config
-
-
-def check_weight_files(weight_files: list[Path]) -> None:
-    """Every safetensors file reads whole and holds only finite numbers; an error names the file (and tensor)."""
-    for path in weight_files:
-        try:
-            with safe_open(path, framework="pt") as weights:
-                for name in weights.keys():
-                    tensor = weights.get_tensor(name)
-                    if tensor.is_floating_point() and not tensor.isfinite().all():
-                        raise TwoTowerUserError(
-                            f"{path} holds non-finite weights (NaN or infinity) in `{name}`: the training run diverged "
-                            "or the file was damaged; use an earlier checkpoint, or train again (e.g. with a lower "
-                            "learning rate)."
-                        )
-        except SafetensorError as error:
-            raise TwoTowerUserError(
-                f"{path} is not a readable safetensors file ({error}): it is damaged or cut short; copy or download "
-                "it again, or save the model again."
-            ) from error
 
 
 def count_parameters(weight_files: list[Path]) -> tuple[int, int]:

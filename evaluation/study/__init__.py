@@ -1,0 +1,1 @@
+"""The study: trains model families, scores them on several texts and writes the document of its verdicts."""
