@@ -16,7 +16,8 @@ import yaml
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM
 from test_probe_feature_cache import corpus, models, probe_config  # noqa: F401 (fixtures of the probe phase)
-from twotower.evaluation import score, study
+from twotower.evaluation.scoring import score
+from twotower.evaluation.study import driver as study
 from twotower.evaluation.scoring.ablation import MeanAblation
 from twotower.evaluation.study.kept_files import check_kept_run, set_aside_if_damaged
 from twotower.training import run_setup
@@ -113,7 +114,7 @@ def test_a_second_score_into_a_locked_report_folder_fails_at_once_and_keeps_the_
 
 
 def test_report_staging_folders_are_unique_to_the_process(tmp_path, monkeypatch):
-    from twotower.evaluation import report
+    from twotower.evaluation.scoring import report
 
     staged = []
     real_files = report._write_report_files
@@ -362,7 +363,7 @@ def assert_inert(page):
 def test_report_md_shows_hostile_names_as_written(chromium):
     from test_templates import two_tower_result
 
-    from twotower.evaluation import report
+    from twotower.evaluation.scoring import report
 
     result = two_tower_result()
     metadata = {"model": {"path": f"/models/{HOSTILE}/model"},
@@ -379,7 +380,7 @@ def test_report_md_shows_hostile_names_as_written(chromium):
 def test_the_model_card_shows_hostile_names_as_written(chromium):
     import jinja2
 
-    from twotower.training.model_card import CARD_FUNCTIONS, model_card_template, phase_config
+    from twotower.evaluation.publishing.model_card import CARD_FUNCTIONS, model_card_template, phase_config
 
     template = jinja2.Template(model_card_template().read_text(encoding="utf-8"))
     config = dict(phase="pretrain", train_file=f"/data/{HOSTILE}.txt", validation_file=f"{HOSTILE}.txt",
@@ -402,7 +403,7 @@ def test_the_model_card_shows_hostile_names_as_written(chromium):
 def test_study_recipe_names_are_plain_names(tmp_path):
     from twotower.evaluation.study.config import load_study_config
 
-    recipe = yaml.safe_load((Path(study.__file__).parent / "study_recipes" / "cpu.yaml").read_text())
+    recipe = yaml.safe_load((Path(study.__file__).parent / "recipes" / "cpu.yaml").read_text())
     recipe["families"] = {HOSTILE: recipe["families"]["causal"]}
     (tmp_path / "hostile.yaml").write_text(yaml.safe_dump(recipe))
     with pytest.raises(TwoTowerUserError, match=r"The study recipe's families has the name '\"><img src=x .*a name "
@@ -416,7 +417,7 @@ def test_study_recipe_names_are_plain_names(tmp_path):
 @pytest.fixture
 def space_module(monkeypatch):
     """app.py's model_source, imported as the Space imports it (its folder on the path)."""
-    monkeypatch.syspath_prepend(str(Path(score.__file__).parent / "tower_preference"))
+    monkeypatch.syspath_prepend(str(Path(score.__file__).parent.parent / "tower_preference"))
     import model_source
 
     return model_source
@@ -468,7 +469,7 @@ def free_port() -> int:
 def test_the_space_in_a_browser_answers_alike_for_paths_that_exist_and_do_not(tmp_path, chromium, monkeypatch):
     import importlib.util
 
-    metric_dir = Path(score.__file__).parent / "tower_preference"
+    metric_dir = Path(score.__file__).parent.parent / "tower_preference"
     monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
     monkeypatch.setenv("TOWER_PREFERENCE_MODEL_DIR", str(tmp_path))  # the Space's --model_dir
     monkeypatch.syspath_prepend(str(metric_dir))
