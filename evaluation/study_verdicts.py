@@ -166,6 +166,7 @@ def cross_seed(runs: list[RunTypes]) -> dict | None:
     return {
         "r": float(np.mean([r for _, _, r in pairs])),
         "r_ci": interval(values),
+        "r_resamples": values,  # the bootstrap values, for differences between groups of runs
         "pair_r": [float(r) for _, _, r in pairs],
         "null_r": float(null.mean()),
         "null_r_95": float(np.percentile(null, 95)),
