@@ -14,6 +14,7 @@ intervals. Another per-run endpoint (the part-of-speech contrast) enters by addi
 
 import dataclasses
 import itertools
+import json
 from functools import cached_property
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from .study_verdicts import CONFIDENCE, RunTypes, cross_seed, interval
 from .tower_preference.preference_stats import tower_contrast
 
 FACTORS = ("cooperation", "embedding")
+FACTOR_OPTIONS = ("cooperative", "separate_embeddings")  # the training options that set them
 EFFECTS = ("cooperation", "embedding", "interaction")
 # each effect as a contrast of the linear model's coefficients (intercept, cooperation, embedding, interaction)
 EFFECT_CONTRASTS = {"cooperation": [0, 2, 0, 0], "embedding": [0, 0, 2, 0], "interaction": [0, 0, 0, 4]}
@@ -42,15 +44,20 @@ def family_factors(study) -> dict[str, dict]:
     """
     Each family's coded factors: cooperation +1 (cooperative towers) or -1 (`cooperative: false`), embedding +1
     (one shared embedding) or -1 (`separate_embeddings: true`), read from its training options (recipe, study,
-    family). Empty unless the families fill all four cells, and only families of one pretraining recipe cross.
+    family). Only families alike in everything else cross (one pretraining recipe, the same other overrides); empty
+    unless such families fill all four cells.
     """
-    factors = {}
+    groups = {}
     for name, family in study.families.items():
         options = {**dataclasses.asdict(load_config(family.pretrain_recipe)), **study.pretrain, **family.overrides}
-        factors[name] = {"cooperation": -1 if options.get("cooperative") is False else 1,
-                         "embedding": -1 if options.get("separate_embeddings") else 1}
-    cells = {(codes["cooperation"], codes["embedding"]) for codes in factors.values()}
-    return factors if len(cells) == 4 else {}
+        others = {key: value for key, value in family.overrides.items() if key not in FACTOR_OPTIONS}
+        codes = {"cooperation": -1 if options.get("cooperative") is False else 1,
+                 "embedding": -1 if options.get("separate_embeddings") else 1}
+        groups.setdefault((family.pretrain_recipe, json.dumps(others, sort_keys=True)), {})[name] = codes
+    for factors in groups.values():
+        if len({(codes["cooperation"], codes["embedding"]) for codes in factors.values()}) == 4:
+            return factors
+    return {}
 
 
 @dataclasses.dataclass

@@ -1,6 +1,7 @@
 """The 2x2 analysis of cooperation and embedding sharing on planted values: kept type sums written as a study keeps
 them, the endpoints recomputed from them, the linear model and the permutation test against independent sums."""
 
+import dataclasses
 import itertools
 import json
 
@@ -12,7 +13,7 @@ from twotower.evaluation.cross_fitting import CrossFittedPreference
 from twotower.evaluation.report_files import TYPE_SUMS_PARQUET
 from twotower.evaluation.study_config import StudyConfig
 from twotower.evaluation.study_factorial import (
-    PER_RUN_ENDPOINTS, KeptPoint, cross_fitted_r, effect_model, explanation, factorial_analysis,
+    PER_RUN_ENDPOINTS, KeptPoint, cross_fitted_r, effect_model, explanation, factorial_analysis, family_factors,
     stratified_permutation_p, type_preferences,
 )
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
@@ -177,3 +178,7 @@ def test_explanation_words_follow_the_preregistered_rules():
 def test_families_that_do_not_cross_are_no_factorial(tmp_path):
     study = study_of({name: cell for name, cell in FAMILIES.items() if name != "causal_separate"})
     assert factorial_analysis(planted_study(tmp_path, lambda c, e: 0.5, seeds=1), tmp_path, study) is None
+    # a family that differs in more than the two factors (another width) stays out of the 2x2
+    study = study_of()
+    study.families["causal_w128"] = dataclasses.replace(study.families["causal"], overrides={"hidden_size": 128})
+    assert set(family_factors(study)) == set(FAMILIES)
