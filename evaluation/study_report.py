@@ -438,6 +438,7 @@ def study_document(analysis: StudyAnalysis, command, study, report_dir) -> str:
                           if analysis.recurrence else None),
         top_types=analysis.top_types,
         factorial=factorial_context(analysis.factorial, markdown_table),
+        run_families={row["family"] for row in analysis.rows},  # a family without finished runs is not described
     )
 
 

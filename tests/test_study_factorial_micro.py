@@ -25,7 +25,7 @@ RECOMPUTE = REPO_ROOT / "scripts" / "recompute_study.py"
 MICRO_2X2 = {
     "train_file": "wiki/train.txt",
     "validation_file": "wiki/valid.txt",
-    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_tokens": 8 * 128}},
+    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_tokens": 4 * 128}},
     "families": {
         "causal": {"pretrain_recipe": "tiny", "probe_recipe": "tiny_probe"},
         "causal_separate": {"pretrain_recipe": "tiny", "probe_recipe": "tiny_probe",
@@ -42,8 +42,8 @@ MICRO_2X2 = {
     "score_every_text": True,
     "pretrain": {"tokenizer_vocab_size": 512, "max_train_steps": 4, "num_warmup_steps": 1, "eval_steps": 4,
                  "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
-    "probe": {"probe_replicas": 2, "probe_replica_data": "disjoint", "max_train_steps": 6, "num_warmup_steps": 1,
-              "eval_steps": 3, "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
+    "probe": {"probe_replicas": 2, "probe_replica_data": "disjoint", "max_train_steps": 4, "num_warmup_steps": 1,
+              "eval_steps": 2, "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
     "scoring": {"batch_size": 8, "min_count": 3},
 }
 
@@ -62,7 +62,7 @@ def micro_2x2(tmp_path_factory, shared_data):
     wiki = shared_data / "wikitext-2"
     write_lines(data_dir / "wiki" / "train.txt", wiki / "train.txt", 0, 800)
     write_lines(data_dir / "wiki" / "valid.txt", wiki / "valid.txt", 0, 100)
-    write_lines(data_dir / "wiki" / "test.txt", wiki / "test.txt", 0, 120)
+    write_lines(data_dir / "wiki" / "test.txt", wiki / "test.txt", 0, 80)
     for novel in ("pg11_alice_in_wonderland.txt", "pg35_the_time_machine.txt"):
         write_lines(data_dir / "books" / novel, shared_data / "gutenberg" / novel, 100, 120)
     recipe = root / "causes.yaml"
