@@ -45,7 +45,8 @@ def keep_run(runs_dir, family, seed, signal, rng, steps=(3, 6)):
         point_dir = runs_dir / name / ("" if step == steps[-1] else f"trajectory/step-{step}")
         (point_dir / "scores" / "wiki").mkdir(parents=True, exist_ok=True)
         cross_fit.type_sums().to_parquet(point_dir / "scores" / "wiki" / TYPE_SUMS_PARQUET)
-        trajectory.append({"step": step, "scores": {"wiki": {"cross_fit": cross_fit.compute(min_count=MIN_COUNT)}}})
+        trajectory.append({"step": step, "scores": {"wiki": {"cross_fit": cross_fit.compute(min_count=MIN_COUNT),
+                                                             "replicas_per_tower": [REPLICAS, REPLICAS]}}})
     summary = {"run": {"name": name, "family": family, "seed": seed, "num_towers": 2}, "trajectory": trajectory}
     (runs_dir / name / "run.json").write_text(json.dumps(summary))
     return summary
