@@ -48,6 +48,9 @@ from .cross_fit import (
     size_grid_rows,
     size_grid_table,
 )
+from .dataset import write_dataset_card
+from .factorial import factorial_analysis
+from .factorial_report import factorial_context
 from .long_run import long_run_rows, long_run_table
 from .plots import plot_convergence, plot_noise_floor, plot_trajectory
 from .verdicts import (
@@ -331,6 +334,7 @@ class StudyAnalysis:
     num_runs: int
     total_minutes: float
     longest_run_minutes: float
+    factorial: dict | None = None  # the 2x2 of cooperation and embedding sharing, where the families cross them
 
     @property
     def verdicts(self):
@@ -369,6 +373,7 @@ def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=N
         num_runs=len(summaries),
         total_minutes=total_minutes,
         longest_run_minutes=longest_run_minutes,
+        factorial=factorial_analysis(summaries, runs_dir, study),
     )
 
 
@@ -417,6 +422,8 @@ def study_document(analysis: StudyAnalysis, command, study, report_dir) -> str:
         recurrence_table=(markdown_table(recurrence_table(analysis.recurrence, family_names))
                           if analysis.recurrence else None),
         top_types=analysis.top_types,
+        factorial=factorial_context(analysis.factorial, markdown_table),
+        run_families={row["family"] for row in analysis.rows},  # a family without finished runs is not described
     )
 
 
@@ -440,6 +447,7 @@ def study_results(analysis: StudyAnalysis, command) -> dict:
             for run, per_run in per_seed.items()} for (family, num_towers), per_seed in analysis.categories.items()},
         "category_recurrence": analysis.recurrence,
         "top_types": analysis.top_types,
+        **({"factorial": analysis.factorial} if analysis.factorial else {}),
     }
 
 
@@ -449,6 +457,7 @@ def write_study_report(summaries, runs_dir, report_dir, command, study, converge
     analysis = analyse_runs(summaries, runs_dir, study, convergence, unigram_entropy)
     document = study_document(analysis, command, study, report_dir)
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(study_results(analysis, command), indent=2) + "\n")
+    write_dataset_card(summaries, report_dir, study, render_template)  # where runs keep per-type sums
     written = write_text_atomically(report_dir / STUDY_MD, document)
     remove_stale_plots(report_dir, document)
     return written

@@ -62,6 +62,7 @@ from ..scoring.report_files import TYPE_SUMS_PARQUET
 from ..scoring.score import score_model
 from .config import StudyConfig, StudyRun, load_study_config
 from .kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
+from .dataset import push_study_dataset
 from .document import STUDY_JSON, summary_lines, write_study_report
 from .verdicts import unigram_cross_entropy
 from ..tower_preference.summary import summary_keys
@@ -72,6 +73,7 @@ CONVERGENCE_DIR = "convergence"
 # in the report folder: each finished run's results (run.json, score tables), the only input of the document
 KEPT_RUNS_DIR = "runs"
 KEPT_CONVERGENCE_DIR = "convergence"
+HUB_DATASET_DIR = "hub-dataset"  # in OUTPUT_DIR: the dataset repository staged for --push_to_hub
 QUIET = {"report_to": "none", "disable_tqdm": True}
 TRAIN_RESULT = "train_result.json"
 PHASE_RESULT_FIELDS = ("eval_metrics", "completed_steps", "best_step", "stopped_early")
@@ -450,6 +452,10 @@ def main(argv=None):
     parser.add_argument("--runs", help="run only the runs whose name matches this regular expression")
     parser.add_argument("--aggregate_only", action="store_true", help="only aggregate the runs already finished "
                         "(kept in the report folder or finished in OUTPUT_DIR)")
+    parser.add_argument("--push_to_hub", metavar="REPO", help="then upload the kept per-type tables, their dataset "
+                        "card and the document as the Hub dataset repository REPO (user/name)")
+    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                        help="with --push_to_hub: stage the dataset repository in OUTPUT_DIR/hub-dataset and list it")
     args = parser.parse_args(argv)
     check_regular_expression("--runs", args.runs, "^gpt-t2-s0$")
     command = "python -m twotower.evaluation.study " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -458,6 +464,11 @@ def main(argv=None):
     )
     verdicts = json.loads((Path(report_path).parent / STUDY_JSON).read_text())["verdicts"]
     print(f"Wrote {report_path}; in short:", *summary_lines(verdicts), sep="\n")
+    if args.push_to_hub:
+        pushed = push_study_dataset(Path(report_path).parent, args.push_to_hub, Path(args.output_dir) / HUB_DATASET_DIR,
+                                    dry_run=args.dry_run)
+        print(f"Staged {pushed['folder']}:", pushed["files"], sep="\n")
+        print(f"Uploaded: {pushed['commit_url']}" if pushed["commit_url"] else "Dry run: nothing uploaded.")
     return report_path
 
 

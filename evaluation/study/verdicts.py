@@ -166,6 +166,7 @@ def cross_seed(runs: list[RunTypes]) -> dict | None:
     return {
         "r": float(np.mean([r for _, _, r in pairs])),
         "r_ci": interval(values),
+        "r_resamples": values,  # the bootstrap values, for differences between groups of runs
         "pair_r": [float(r) for _, _, r in pairs],
         "null_r": float(null.mean()),
         "null_r_95": float(np.percentile(null, 95)),
@@ -209,6 +210,9 @@ def family_verdict(runs: list[RunTypes], control_runs: list[RunTypes]) -> dict:
     verdict["cross_seed_null_r"] = cross["null_r"] if cross else None
     verdict["cross_seed_null_r_95"] = cross["null_r_95"] if cross else None
     verdict["cross_seed_pairs"] = cross["pair_r"] if cross else []
+    control_cross = cross_seed(control_runs)  # does the control's split recur across seeds? (its own null)
+    for key in ("r", "r_ci", "null_r", "null_r_95"):
+        verdict[f"control_cross_seed_{key}"] = control_cross[key] if control_cross else None
     verdict["conclusion"] = conclusion(verdict)
     return verdict
 

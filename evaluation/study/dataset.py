@@ -1,0 +1,116 @@
+"""
+The study's kept per-type tables as a dataset: an index of every kept scored point (run_index.parquet) and a dataset
+card (README.md) whose YAML names the Parquet files as configurations, so that `datasets.load_dataset` on the report
+folder (or on its Hub copy) finds them:
+
+    load_dataset("docs/study/causes", "run_index")                     # one row per run, point and text
+    load_dataset("docs/study/causes", "causal-t2-s0", split="step_4000.wikitext_2_test")  # its per-type sums
+
+Each run is a configuration, each of its points and texts a split (`step_S.TEXT`, the text's name with every
+character other than a letter, digit or underscore as "_"). `stage_dataset` copies what a Hub dataset repository
+holds (the card, the index, each run's type sums, tokenizer and run.json, the document) into a folder, and
+`push_study_dataset` uploads it with huggingface_hub as the model publishing does.
+"""
+
+import dataclasses
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from twotower.training.arguments import load_config
+from twotower.training.hub import push_to_hub
+from ..publishing.publish import describe_folder
+from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.errors import TwoTowerUserError
+
+from ..scoring.report_files import TYPE_SUMS_PARQUET
+
+RUN_INDEX_PARQUET = "run_index.parquet"
+DATASET_CARD = "README.md"
+CARD_TEMPLATE = "study_dataset_card.md.j2"
+STAGED_FILES = ("STUDY.md", "study.json", "*.png")  # the document beside the tables
+
+
+def split_name(step: int, text: str) -> str:
+    return f"step_{step}.{re.sub(r'[^A-Za-z0-9_]', '_', text)}"
+
+
+def family_options(study, family: str) -> dict:
+    """The options that tell a family's cells apart: cooperative and separate_embeddings (recipe, study, family)."""
+    spec = study.families[family]
+    options = {**dataclasses.asdict(load_config(spec.pretrain_recipe)), **study.pretrain, **spec.overrides}
+    return {"cooperative": options.get("cooperative") is not False,
+            "separate_embeddings": bool(options.get("separate_embeddings"))}
+
+
+def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
+    """One row per run, trajectory point and text whose type sums are kept: what a recomputation needs to know of
+    the run (family, seed, its factors, towers, the eligibility threshold) and the cross-fitted r its scoring wrote."""
+    rows = []
+    for summary in summaries:
+        run = summary["run"]
+        last = summary["trajectory"][-1]["step"]
+        for point in summary["trajectory"]:
+            point_dir = Path() if point["step"] == last else Path("trajectory", f"step-{point['step']}")
+            for text, scores in point["scores"].items():
+                path = Path("runs", run["name"]) / point_dir / "scores" / text / TYPE_SUMS_PARQUET
+                if not (runs_dir.parent / path).is_file():
+                    continue
+                cross_fit = scores.get("cross_fit") or {}
+                rows.append({"run": run["name"], "family": run["family"], "seed": run["seed"],
+                             **family_options(study, run["family"]), "num_towers": run["num_towers"],
+                             "replicas_per_tower": max(scores["replicas_per_tower"]), "step": point["step"],
+                             "multiple": point["step"] / summary["trajectory"][0]["step"], "text": text,
+                             "split": split_name(point["step"], text), "min_count": cross_fit.get("min_count"),
+                             "cross_fitted_r": cross_fit.get("cross_fitted_r"), "path": path.as_posix()})
+    return pd.DataFrame(rows)
+
+
+def write_dataset_card(summaries, report_dir: Path, study, render_template) -> Path | None:
+    """The index and the card in the report folder, where any run keeps type sums; None (nothing written) else."""
+    index = run_index(summaries, report_dir / "runs", study)
+    if index.empty:
+        return None
+    index.to_parquet(report_dir / RUN_INDEX_PARQUET, index=False)
+    configs = {run: rows[["split", "path"]].to_dict("records") for run, rows in index.groupby("run", sort=False)}
+    card = render_template(CARD_TEMPLATE, configs=configs, index=RUN_INDEX_PARQUET, texts=sorted(set(index["text"])),
+                           num_runs=len(configs), columns=list(pd.read_parquet(report_dir / index["path"][0]).columns))
+    return write_text_atomically(report_dir / DATASET_CARD, card)
+
+
+def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
+    """A folder holding what the Hub dataset repository gets: the card, the index, each kept run's run.json,
+    tokenizer and type sums, and the document (replaced whole if it existed)."""
+    report_dir = Path(report_dir)
+    if not (report_dir / DATASET_CARD).is_file() or not (report_dir / RUN_INDEX_PARQUET).is_file():
+        raise TwoTowerUserError(
+            f"{report_dir} holds no dataset card: no kept run has per-type sums ({TYPE_SUMS_PARQUET}); run the "
+            "study with a cross-fitted recipe (probe_replica_data: disjoint), or pass its report folder."
+        )
+    files = [report_dir / DATASET_CARD, report_dir / RUN_INDEX_PARQUET]
+    files += [path for pattern in STAGED_FILES for path in report_dir.glob(pattern)]
+    for pattern in (f"runs/*/**/{TYPE_SUMS_PARQUET}", "runs/*/run.json", "runs/*/tokenizer.json.gz"):
+        files += report_dir.glob(pattern)
+    staging_dir = Path(staging_dir)
+    partial = staging_dir.with_name(f".{staging_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    for path in sorted(set(files)):
+        target = partial / path.relative_to(report_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    shutil.rmtree(staging_dir, ignore_errors=True)  # the staging folder is ours: a copy, never a user's file
+    partial.replace(staging_dir)
+    return staging_dir
+
+
+def push_study_dataset(report_dir: Path, repo_id: str, staging_dir: Path, dry_run: bool = False) -> dict:
+    """Stage the dataset repository, then upload it (huggingface_hub's upload_folder) unless `dry_run`."""
+    if repo_id.count("/") != 1:
+        raise TwoTowerUserError(f"--push_to_hub {repo_id!r} must be `user/name` (or `organization/name`).")
+    folder = stage_dataset(report_dir, staging_dir)
+    commit_url = None
+    if not dry_run:
+        commit_url = push_to_hub(folder, repo_id, repo_type="dataset", commit_message="Upload tower preference study")
+    return {"folder": str(folder), "files": describe_folder(folder), "commit_url": commit_url}

@@ -1,0 +1,96 @@
+"""
+The 2x2's tables for the study document (templates/study_factorial.md.j2): per text and trajectory point, each cell's
+mean over seeds with its t interval, each effect with its interval, p and permutation p, and endpoint 2's cells.
+"""
+
+import pandas as pd
+
+from .factorial import CELL_NAMES, EFFECTS
+
+ENDPOINT_NAMES = {"cross_fitted_r": "cross-fitted r", "part_of_speech_z": "part-of-speech z"}
+
+
+def _with_ci(figure: dict, digits: int = 2) -> str:
+    if figure is None or figure.get("value") is None:
+        return "n/a"
+    if figure.get("ci") is None:
+        return f"{figure['value']:.{digits}f}"
+    return f"{figure['value']:.{digits}f} [{figure['ci'][0]:.{digits}f}, {figure['ci'][1]:.{digits}f}]"
+
+
+def _p(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
+
+
+def point_label(point: dict) -> str:
+    return f"{point['multiple']:g}x ({point['step']:,} steps)"
+
+
+def cells_table(points: list[dict], endpoint: str) -> pd.DataFrame:
+    """One row per text, point and cell: the endpoint's mean over seeds with its t interval, and each seed's value."""
+    rows = []
+    for point in points:
+        analysis = point["endpoints"].get(endpoint)
+        if analysis is None:
+            continue
+        for cell in CELL_NAMES.values():
+            figure = analysis["cells"][cell]
+            rows.append({"text": point["text"], "point": point_label(point), "cell": cell, "seeds": figure["n"],
+                         "mean [95% t interval]": _with_ci(figure),
+                         "per seed": ", ".join(f"{value:.2f}" for value in figure["per_seed"].values())})
+    return pd.DataFrame(rows)
+
+
+def effects_table(points: list[dict], endpoint: str) -> pd.DataFrame:
+    """One row per text, point and effect of the linear model on one per-run endpoint."""
+    rows = []
+    for point in points:
+        analysis = point["endpoints"].get(endpoint)
+        if analysis is None or analysis["effects"] is None:
+            continue
+        for effect in EFFECTS:
+            figure = analysis["effects"][effect]
+            permutation = figure.get("permutation")
+            rows.append({"text": point["text"], "point": point_label(point), "effect": effect,
+                         "estimate [95% t interval]": _with_ci(figure), "p": _p(figure["p"]),
+                         "permutation p": "" if permutation is None else
+                         f"{_p(permutation['p'])} ({permutation['arrangements']:,} arrangements)",
+                         "residual df": analysis["df"]})
+    return pd.DataFrame(rows)
+
+
+def cross_seed_table(points: list[dict]) -> pd.DataFrame:
+    """Endpoint 2: one row per text, point and cell, then its effects (cells' bootstrap values combined)."""
+    rows = []
+    for point in points:
+        figures = point["cross_seed"]
+        for cell, figure in figures["cells"].items():
+            rows.append({"text": point["text"], "point": point_label(point), "cell or effect": cell,
+                         "cross-seed r [95% interval]": _with_ci({"value": figure["r"], "ci": figure["r_ci"]}),
+                         "null (95th percentile)": f"{figure['null_r']:.2f} ({figure['null_r_95']:.2f})",
+                         "reading": "recurs across models" if figure["recurs"] else "model-specific"})
+        for effect, figure in (figures["effects"] or {}).items():
+            rows.append({"text": point["text"], "point": point_label(point), "cell or effect": f"effect: {effect}",
+                         "cross-seed r [95% interval]": _with_ci(figure), "null (95th percentile)": "",
+                         "reading": ""})
+    return pd.DataFrame(rows)
+
+
+def factorial_context(factorial: dict | None, markdown_table) -> dict | None:
+    """What the template's 2x2 section shows: tables as Markdown, the final point's effects and words."""
+    if factorial is None:
+        return None
+    points = factorial["points"]
+    endpoints = list(points[0]["endpoints"]) if points else []
+    final = {point["text"]: point for point in points if point["step"] == factorial["final_step"]}
+    return {
+        **factorial,
+        "endpoint_names": {name: ENDPOINT_NAMES.get(name, name) for name in endpoints},
+        "cells_tables": {name: markdown_table(cells_table(points, name)) for name in endpoints},
+        "effects_tables": {name: markdown_table(effects_table(points, name)) for name in endpoints},
+        "cross_seed_table": markdown_table(cross_seed_table(points)) if points else None,
+        "final_effects": {text: {effect: _with_ci(figure) for effect, figure in
+                                 (point["endpoints"]["cross_fitted_r"]["effects"] or {}).items()}
+                          for text, point in final.items()},
+        "final_label": point_label(final[factorial["primary_text"]]) if factorial["primary_text"] in final else None,
+    }

@@ -1,0 +1,118 @@
+"""
+The study's summary, generated: every figure the README and docs/study.md quote of the study comes from the study
+documents' JSON (docs/study/study.json, crossfit/study.json, long/study.json, and causes/study.json once the 2x2 has
+runs) through the template templates/study_summary.md.j2, never copied by hand.
+
+    python -m twotower.evaluation.study.summary --study_dir docs/study
+
+writes docs/study/SUMMARY.md and fills the marked block of README.md and of docs/study.md (between
+`<!-- study-summary -->` and `<!-- /study-summary -->`); `--check` only says whether they are up to date (a test runs
+it). Run it after the study command has redone a document.
+"""
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.errors import TwoTowerUserError
+
+from ..scoring.formatting import markdown_table
+from ..scoring.report import template_environment
+from .document import TEMPLATES_DIR
+from .cross_fit import cross_fit_table
+from .long_run import long_run_table
+
+SUMMARY_TEMPLATE = "study_summary.md.j2"
+SUMMARY_MD = "SUMMARY.md"
+# a generated block: `<!-- study-NAME -->` ... `<!-- /study-NAME -->`, NAME one of `blocks`' keys
+BLOCK = r"(<!-- study-{name} -->\n)(.*?)(<!-- /study-{name} -->)"
+PARTS = {"main": "study.json", "crossfit": "crossfit/study.json", "long": "long/study.json",
+         "causes": "causes/study.json"}
+
+
+def _with_ci(figure, digits=2) -> str:
+    """`value [low, high]` from {"value", "ci"} (or a (value, ci) pair); the value alone without an interval."""
+    value, ci = (figure["value"], figure.get("ci")) if isinstance(figure, dict) else figure
+    if value is None:
+        return "n/a"
+    if not ci:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def load_results(study_dir: Path) -> dict:
+    """The study documents' JSON that exist under study_dir, by part."""
+    results = {part: json.loads((study_dir / path).read_text())
+               for part, path in PARTS.items() if (study_dir / path).is_file()}
+    if "main" not in results:
+        raise TwoTowerUserError(f"{study_dir / PARTS['main']} does not exist; pass --study_dir docs/study.")
+    return results
+
+
+def render_summary(results: dict, links: str, study_md: str) -> str:
+    """The summary's Markdown; `links` and `study_md` are the paths from the page it goes into to the study folder
+    (e.g. docs/study) and to docs/study.md."""
+    environment = template_environment(TEMPLATES_DIR)
+    return environment.get_template(SUMMARY_TEMPLATE).render(
+        links=links, study_md=study_md, ci=_with_ci, percent=lambda share: f"{100 * share:.1f}%",
+        **{part: results.get(part) for part in PARTS})
+
+
+def fill_blocks(path: Path, blocks: dict[str, str]) -> str:
+    """The document at `path` with each of its generated blocks (every one it holds must be known) filled."""
+    document = path.read_text()
+    names = re.findall(r"<!-- study-([a-z-]+) -->", document)
+    if not names:
+        raise TwoTowerUserError(f"{path} has no `<!-- study-summary -->` ... `<!-- /study-summary -->` block to fill.")
+    for name in names:
+        if name not in blocks:
+            raise TwoTowerUserError(f"{path} has a block `study-{name}`; known: {sorted(blocks)}.")
+        pattern = re.compile(BLOCK.format(name=re.escape(name)), re.DOTALL)
+        document = pattern.sub(lambda match: match.group(1) + blocks[name] + match.group(3), document, count=1)
+    return document
+
+
+def table_blocks(results: dict) -> dict[str, str]:
+    """The cross-fitted arms' table and the long-run table, as the study documents write them."""
+    blocks = {}
+    if "crossfit" in results:
+        blocks["table-crossfit"] = markdown_table(cross_fit_table(results["crossfit"]["cross_fit_verdicts"])) + "\n"
+    if "long" in results:
+        blocks["table-long"] = markdown_table(long_run_table(results["long"]["long_run"])) + "\n"
+    return blocks
+
+
+def summary_targets(study_dir: Path, repo_root: Path) -> dict[Path, str]:
+    """Each generated file or filled document with its expected text."""
+    results = load_results(study_dir)
+    readme, study_md = repo_root / "README.md", study_dir.parent / "study.md"
+    return {
+        study_dir / SUMMARY_MD: "# Study summary (generated)\n\n" + render_summary(results, ".", "../study.md"),
+        readme: fill_blocks(readme, {"summary": render_summary(results, "docs/study", "docs/study.md")}),
+        study_md: fill_blocks(study_md, {"summary": render_summary(results, "study", "study.md"),
+                                         **table_blocks(results)}),
+    }
+
+
+def main(argv=None) -> list[str]:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--study_dir", default="docs/study", help="the study's report folder (docs/study)")
+    parser.add_argument("--repo_root", default=".", help="the folder holding README.md")
+    parser.add_argument("--check", action="store_true", help="write nothing; fail if a target is out of date")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in summary_targets(Path(args.study_dir), Path(args.repo_root)).items():
+        if not path.is_file() or path.read_text() != text:
+            stale.append(str(path))
+            if not args.check:
+                write_text_atomically(path, text)
+    if args.check and stale:
+        raise TwoTowerUserError(f"Out of date: {', '.join(stale)}; run `python -m twotower.evaluation.study.summary`.")
+    print("Up to date." if not stale else f"Wrote {', '.join(stale)}.")
+    return stale
+
+
+if __name__ == "__main__":
+    main()
