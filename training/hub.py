@@ -5,6 +5,7 @@ module never reads, logs or prints it.
 """
 
 import os
+from pathlib import Path
 import sys
 
 from huggingface_hub import HfApi, get_token, is_offline_mode
@@ -93,3 +94,11 @@ def upload_parts(
             repo_id=repo_id, repo_type=repo_type, revision=revision, commit_message=commit_message, **part
         )
     return commit.commit_url
+
+
+def describe_folder(folder: Path) -> str:
+    """One line per file (path in the repository and size), and the total: what an upload would send."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    lines = [f"{path.stat().st_size:>12,}  {path.relative_to(folder).as_posix()}" for path in files]
+    lines.append(f"{sum(path.stat().st_size for path in files):>12,}  bytes in {len(files)} files")
+    return "\n".join(lines)

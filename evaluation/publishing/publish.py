@@ -34,7 +34,7 @@ from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.hub import push_to_hub
+from twotower.training.hub import describe_folder, push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
 from .model_folder import find_pretrain_config, read_json, read_yaml, short_path
 from twotower.training.tokenizer import LOADING_FLAGS
@@ -150,14 +150,6 @@ def stage_file(source: Path, target: Path, max_length: int, report: bool = False
         target.write_text(portable(source.read_text(encoding="utf-8")), encoding="utf-8")
     else:
         shutil.copyfile(source, target)
-
-
-def describe_folder(folder: Path) -> str:
-    """One line per file (path in the repository and size), and the total: what an upload would send."""
-    files = sorted(path for path in folder.rglob("*") if path.is_file())
-    lines = [f"{path.stat().st_size:>12,}  {path.relative_to(folder).as_posix()}" for path in files]
-    lines.append(f"{sum(path.stat().st_size for path in files):>12,}  bytes in {len(files)} files")
-    return "\n".join(lines)
 
 
 def publish_model(

@@ -21,11 +21,11 @@ import shutil
 from pathlib import Path
 
 import modeling_twotower
+from twotower.training.hub import describe_folder, upload_parts
 from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.hub import upload_parts
-from .publish import describe_folder
+
 
 METRIC_NAME = "tower_preference"
 METRIC_DIR = Path(__file__).resolve().parents[1] / METRIC_NAME

@@ -20,8 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from twotower.training.arguments import load_config
-from twotower.training.hub import push_to_hub
-from ..publishing.publish import describe_folder
+from twotower.training.hub import describe_folder, push_to_hub
 from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 
