@@ -24,7 +24,8 @@ from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
-from twotower.training.probe_cache import FeatureCache, build_feature_cache, replica_orders, step_positions
+from twotower.training.phases.replica_sampling import replica_orders, step_positions
+from twotower.training.probe_cache import FeatureCache, build_feature_cache
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
 from twotower.training.validation import evaluate_cached
@@ -242,7 +243,7 @@ def test_linear_probes_refuse_disjoint_slices(causal_model, corpus, tmp_path):
 def test_early_stopping_over_epochs_keeps_the_best(causal_model, corpus, tmp_path, monkeypatch, capsys):
     # 16 training blocks (2 steps an epoch) at a high learning rate: the probes overfit within a few epochs.
     evaluations = []
-    monkeypatch.setattr("twotower.training.phases.evaluate_cached",
+    monkeypatch.setattr("twotower.training.phases.probe.evaluate_cached",
                         lambda *args, **kwargs: evaluations.append(evaluate_cached(*args, **kwargs)) or evaluations[-1])
     result = training_function(probe_config(
         causal_model, corpus, tmp_path, max_train_blocks=16, num_train_epochs=40, learning_rate=3e-2, eval_steps=2,

@@ -274,8 +274,8 @@ def script_evaluations(monkeypatch, *evaluations: tuple[float, ...]):
         for index, probe_loss in enumerate(probe_losses):
             metrics |= {f"probe_{index}_loss": probe_loss, f"probe_{index}_perplexity": math.exp(probe_loss)}
         scripted.append(metrics)
-    for name in ("evaluate_blocks", "evaluate_cached"):  # the pretrain phase's and the probe phase's
-        monkeypatch.setattr(f"twotower.training.phases.{name}", lambda *args, **kwargs: scripted.pop(0))
+    for module, name in (("pretrain", "evaluate_blocks"), ("probe", "evaluate_cached")):
+        monkeypatch.setattr(f"twotower.training.phases.{module}.{name}", lambda *args, **kwargs: scripted.pop(0))
 
 
 def test_early_stopping_saves_the_best_evaluation(corpus, tmp_path, monkeypatch, capsys):
