@@ -11,8 +11,6 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from modeling_twotower import TwoTowerConfig
-
 from ..arguments import TwoTowerTrainingConfig
 from ..optimization import train_step
 
@@ -44,16 +42,6 @@ def without_tied_copies(model, state_dict: dict) -> dict:
     """
     tied_copies = model.get_expanded_tied_weights_keys(all_submodels=True)  # {tied weight: its source}
     return {name: tensor for name, tensor in state_dict.items() if name not in tied_copies}
-
-
-def check_block_size(config: TwoTowerTrainingConfig, model_config: TwoTowerConfig, other_fix: str) -> TwoTowerConfig:
-    """`model_config`, once --block_size is known to fit its positions."""
-    if config.block_size > model_config.max_position_embeddings:
-        raise ValueError(
-            f"--block_size {config.block_size} exceeds the model's max_position_embeddings "
-            f"({model_config.max_position_embeddings}); lower --block_size{other_fix}."
-        )
-    return model_config
 
 
 class TrainingPhase:

@@ -13,7 +13,7 @@ from ..objectives import SeededMaskingCollator
 from ..optimization import ADAM_MOMENTS, accumulation_windows, adamw_description, make_adamw
 from ..tokenizer import padded_vocab_size
 from ..validation import evaluate_blocks
-from .base import TrainingPhase, check_block_size, plain_model, trained_state_dict, without_tied_copies
+from .base import TrainingPhase, plain_model, trained_state_dict, without_tied_copies
 
 
 class PretrainPhase(TrainingPhase):
@@ -28,9 +28,11 @@ class PretrainPhase(TrainingPhase):
 
     # Before any long work
     def resolve_model_config(self) -> TwoTowerConfig:
-        """The preset with the config's overrides; its vocabulary follows the tokenizer (see `build_model`)."""
-        model_config = TwoTowerConfig.from_preset(self.config.model_preset, **self.config.model_overrides())
-        return check_block_size(self.config, model_config, " or raise --max_position_embeddings")
+        """
+        The preset with the config's overrides (the config checked it fits --block_size); its vocabulary follows the
+        tokenizer (see `build_model`).
+        """
+        return TwoTowerConfig.from_preset(self.config.model_preset, **self.config.model_overrides())
 
     def resolve_objective(self, model_config: TwoTowerConfig) -> str:
         """`causal` or `masked`, as asked (causal by default)."""

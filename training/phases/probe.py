@@ -21,7 +21,7 @@ from ..probe_cache import CACHE_DIR, cache_both_splits, process_counts
 from ..tokenizer import check_tokenizer_fits
 from ..utils.errors import TwoTowerUserError
 from ..validation import evaluate_cached
-from .base import TrainingPhase, check_block_size, trained_state_dict
+from .base import TrainingPhase, trained_state_dict
 from .replica_sampling import batch_positions, replica_orders, step_positions, stream_lengths
 
 
@@ -62,7 +62,8 @@ class ProbePhase(TrainingPhase):
     def resolve_model_config(self) -> TwoTowerConfig:
         """The pretrained model's architecture."""
         model_config = load_two_tower_config(self.config.pretrained_model, "--pretrained_model", saved_by="pretrain")
-        return check_block_size(self.config, model_config, "")
+        self.config.check_block_size(model_config)
+        return model_config
 
     def resolve_objective(self, model_config: TwoTowerConfig) -> str:
         """The pretrained model's objective; another one asked for is refused."""
