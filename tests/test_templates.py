@@ -127,6 +127,7 @@ def test_card_template_words_a_probe_phase_on_a_hub_dataset():
     assert text.startswith("**Phase `probe`**: the joint model frozen; probes (one or more replicas per tower)")
     assert "| Data | the Hub dataset `wikitext` (`wikitext-103-raw-v1`), blocks of 128 tokens |" in text
     assert "| Tokenizer | the pretrained model's |" in text and "| Length | 1 epoch |" in text
-    assert "| Optimizer | L-BFGS (strong-Wolfe line search, history 10, lr 1, no schedule), one iteration a step on the " \
-        "full batch, L2 penalty 0.001 on weights and biases, stopping when no gradient entry exceeds 0.0001 |" in text
+    assert ("| Optimizer | L-BFGS (strong-Wolfe line search, history 10, lr 1, no schedule), one iteration a step on "
+            "the full batch, L2 penalty 0.001 on weights and biases, stopping when no gradient entry exceeds 0.0001 |"
+            ) in text
     assert "| Precision | bf16 |" in text

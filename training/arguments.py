@@ -21,7 +21,8 @@ from modeling_twotower.configuration_twotower import (
 from .utils.atomic import write_text_atomically
 from .data import BLOCK_FORMATS
 from .utils.errors import TwoTowerUserError
-from .utils.options import Bounds, OptionsParser, above, at_least, check_options, closest_name, convert_values, option
+from .utils.options import Bounds, OptionsParser, above, at_least, check_ranges, check_types_and_choices, closest_name
+from .utils.options import convert_values, option
 from .objectives import OBJECTIVES
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -389,7 +390,7 @@ class TwoTowerTrainingConfig(DataArguments):
 
     def __post_init__(self):
         """Every option checked now, whichever way it came (command line, recipe, Python), before any long work."""
-        check_options(self)
+        check_types_and_choices(self)  # their ranges after the checks across options, whose messages say more
         unknown_trackers = [name for name in self.report_to.split(",") if name.strip() not in TRACKERS]
         if unknown_trackers:
             raise TwoTowerUserError(
@@ -407,6 +408,7 @@ class TwoTowerTrainingConfig(DataArguments):
                 "`early_stopping_patience` watches the validation loss: it needs `--eval_steps N` (evaluate every N "
                 "optimizer steps)."
             )
+        check_ranges(self)
         self._check_model()
         if self.push_to_hub and not self.hub_model_id:
             raise TwoTowerUserError("`--push_to_hub` needs `--hub_model_id user/name`.")

@@ -88,12 +88,23 @@ def option(default=dataclasses.MISSING, help: str = "", *, bounds: Bounds | None
 
 def check_options(options) -> None:
     """Every field of a dataclass of options: its annotated type, then its choices and range (metadata)."""
+    check_types_and_choices(options)
+    check_ranges(options)
+
+
+def check_types_and_choices(options) -> None:
+    """Every field's type and choices: what a check across options may rely on."""
     check_types(options)
     for field in dataclasses.fields(options):
-        value, metadata = getattr(options, field.name), field.metadata
-        choices = metadata.get("choices")
+        value, choices = getattr(options, field.name), field.metadata.get("choices")
         if choices is not None and value not in choices:
             raise TwoTowerUserError(f"`{field.name}` is {value!r}; choose one of {list(choices)}.")
+
+
+def check_ranges(options) -> None:
+    """Every bounded field in its range (None, where the field allows it, is unset and not tested)."""
+    for field in dataclasses.fields(options):
+        value, metadata = getattr(options, field.name), field.metadata
         bounds = metadata.get("bounds")
         if bounds is not None and value is not None and value not in bounds:
             unset = f", or leave it unset to {metadata['unset']}" if metadata.get("unset") else ""
@@ -198,5 +209,6 @@ class OptionsParser(HfArgumentParser):
         return parsed
 
 
-__all__ = ["Bounds", "OptionsParser", "TYPE_NAMES", "above", "at_least", "check_options", "check_types",
+__all__ = ["Bounds", "OptionsParser", "TYPE_NAMES", "above", "at_least", "check_options", "check_ranges",
+           "check_types", "check_types_and_choices",
            "closest_name", "convert_values", "option", "option_names"]
