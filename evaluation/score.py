@@ -88,41 +88,33 @@ class ScoringArguments(DataArguments):
     # data: DataArguments' fields (the training command's, so the same flags select the same blocks); here the block
     # format defaults to the model's, and the fields below choose which blocks to score
     block_format: str | None = option(
-        None,
-        "contiguous | sentence_pairs; None: the model's (its training_config.yaml)",
+        None, "contiguous | sentence_pairs; None: the model's (its training_config.yaml)",
         choices=(None, *BLOCK_FORMATS),
     )
     split: str = option("validation", "validation | train: which blocks to score", choices=SPLITS)
     max_blocks: int | None = option(
-        None,
-        "score only the first N blocks of the split; None = all",
-        bounds=at_least(1),
-        unset="score every block",
+        None, "score only the first N blocks of the split; None = all",
+        bounds=at_least(1), unset="score every block",
     )
     spread_blocks: bool = option(
-        False,
-        "with max_blocks: N blocks evenly spaced over the split instead of the first N (the first N of a "
+        False, "with max_blocks: N blocks evenly spaced over the split instead of the first N (the first N of a "
         "folder of texts would all come from its first file)",
     )
 
     # masked LMs (transformer towers)
     mask_passes: int = option(
-        DEFAULT_MASK_PASSES,
-        "pass k masks positions p with p % mask_passes == k: each token once",
+        DEFAULT_MASK_PASSES, "pass k masks positions p with p % mask_passes == k: each token once",
         bounds=at_least(1),
     )
 
     # compute
     batch_size: int = option(32, "sequences per forward pass", bounds=at_least(1))
     probe_chunk_size: int | None = option(
-        None,
-        "positions per chunk of the probes' vocabulary projection; None = auto",
-        bounds=at_least(1),
-        unset="let the probes choose",
+        None, "positions per chunk of the probes' vocabulary projection; None = auto",
+        bounds=at_least(1), unset="let the probes choose",
     )
     dtype: str = option(
-        "float32",
-        "float32 | bfloat16 | float16: the model's weights (log-probs are float32 either way)",
+        "float32", "float32 | bfloat16 | float16: the model's weights (log-probs are float32 either way)",
         choices=tuple(DTYPES),
     )
     cpu: bool = option(False, "score on CPU even when a GPU is present")
@@ -130,35 +122,29 @@ class ScoringArguments(DataArguments):
 
     # statistics
     alpha: float = option(
-        0.05,
-        "false discovery rate of Benjamini-Hochberg",
+        0.05, "false discovery rate of Benjamini-Hochberg",
         bounds=Bounds(0, 1, low_open=True, high_open=True, note="a false discovery rate, e.g. 0.05"),
     )
     min_count: int = option(
-        10,
-        "token types seen fewer times are excluded from shares, significance and consistency",
+        10, "token types seen fewer times are excluded from shares, significance and consistency",
         bounds=at_least(2, "a standard error needs 2 occurrences"),
     )
     top_k: int = option(20, "top tokens listed per tower", bounds=at_least(0))
     token_view_blocks: int = option(
-        8,
-        "blocks shown in tokens.html, each token coloured by its type's preference (recorded during the one "
+        8, "blocks shown in tokens.html, each token coloured by its type's preference (recorded during the one "
         "scoring pass, so the page stays small whatever the data); 0 writes no token view",
         bounds=at_least(0, "0 writes no token view"),
     )
     center: bool = option(
-        False,
-        "subtract the global offset (one tower better overall) before testing each type; see "
+        False, "subtract the global offset (one tower better overall) before testing each type; see "
         "global_offset_nats in the summary and the tower_preference metric card",
     )
     pair_replicas: bool = option(
-        True,
-        "probe replicas: replica r of every tower was trained on the same data order (the probe phase does "
+        True, "probe replicas: replica r of every tower was trained on the same data order (the probe phase does "
         "this), so the test pairs them; False compares independent replica means",
     )
     ablation: bool = option(
-        True,
-        "the mean-ablation preference beside the probes' (evaluation/ablation.py): one more pass of the "
+        True, "the mean-ablation preference beside the probes' (evaluation/ablation.py): one more pass of the "
         "towers and one of the joint head per tower",
     )
     document_pattern: str | None = option(

@@ -33,7 +33,8 @@ from twotower.training.data import collate_blocks, load_raw_datasets, split_bloc
 from twotower.training.early_stopping import EarlyStopping
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.optimization import weight_decay_groups
-from twotower.training.phases import make_phase
+from twotower.training.phases import LinearProbePhase, PretrainPhase, ProbePhase, make_phase
+from twotower.training.run_setup import TrainingRun
 from twotower.training.probe_cache import build_feature_cache
 from twotower.training.run_folder import read_eval_history
 from twotower.training.throughput import flops_per_token
@@ -504,3 +505,13 @@ def test_probe_phase_rejects_other_models_and_larger_tokenizers(
             "tiny_probe", corpus, tmp_path, pretrained_model=pretrain_run["model_dir"],
             tokenizer_name_or_path=gpt2_tokenizer_dir,
         ))
+
+
+def test_the_run_holds_only_what_every_phase_has():
+    # a phase builds and holds its own data, optimizer and loss; the run the loop reads carries none of them
+    fields = {field.name for field in dataclasses.fields(TrainingRun)}
+    phase_state = {"caches", "positions_per_step", "train_dataloader", "eval_dataloader", "optimizer", "loss_function",
+                   "tokens_per_batch", "eval_chunk"}
+    assert not fields & phase_state
+    for phase in (PretrainPhase, ProbePhase, LinearProbePhase):  # each says its optimizer's state and description
+        assert {"make_optimizer", "optimizer_state_copies", "optimizer_description"} <= set(vars(phase))

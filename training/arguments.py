@@ -51,22 +51,18 @@ class DataArguments:
     dataset_config_name: str | None = option("wikitext-2-raw-v1", "configuration of the Hub dataset")
     text_column_name: str = option("text", "column of the Hub dataset holding raw text")
     train_file: str | None = option(
-        None,
-        "local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name",
+        None, "local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name",
     )
     validation_file: str | None = option(
-        None,
-        "same forms; without it (or a validation split) blocks of the training text are held out; scoring a "
+        None, "same forms; without it (or a validation split) blocks of the training text are held out; scoring a "
         "validation_file alone scores that text",
     )
     validation_split_percentage: float = option(
-        5.0,
-        "% of train blocks held out, chosen with a fixed seed",
+        5.0, "% of train blocks held out, chosen with a fixed seed",
         bounds=Bounds(0, 100, high_open=True),
     )
     block_size: int = option(
-        128,
-        "tokens per sequence (the paper's context length); at most max_position_embeddings",
+        128, "tokens per sequence (the paper's context length); at most max_position_embeddings",
         bounds=at_least(2, "a block of one token has no target: nothing to train on or score"),
     )
     block_format: str = option(
@@ -77,10 +73,8 @@ class DataArguments:
         choices=BLOCK_FORMATS,
     )
     preprocessing_num_workers: int | None = option(
-        None,
-        "processes for datasets.map; None = one",
-        bounds=at_least(1),
-        unset="tokenize in one process",
+        None, "processes for datasets.map; None = one",
+        bounds=at_least(1), unset="tokenize in one process",
     )
     overwrite_cache: bool = option(False, "re-tokenize instead of reusing the datasets cache")
 
@@ -102,22 +96,17 @@ class TwoTowerTrainingConfig(DataArguments):
 
     # data (training only)
     max_train_blocks: int | None = option(
-        None,
-        "use only the first N training blocks (quick runs); None = all",
-        bounds=at_least(1),
-        unset="use every training block",
+        None, "use only the first N training blocks (quick runs); None = all",
+        bounds=at_least(1), unset="use every training block",
     )
     max_eval_blocks: int | None = option(
-        None,
-        "use only the first N validation blocks; None = all",
-        bounds=at_least(1),
-        unset="use every validation block",
+        None, "use only the first N validation blocks; None = all",
+        bounds=at_least(1), unset="use every validation block",
     )
 
     # tokenizer
     tokenizer_name_or_path: str | None = option(
-        None,
-        "Hub name, saved tokenizer, or a folder with bert vocab.txt or gpt2 vocab.json + merges.txt; None = "
+        None, "Hub name, saved tokenizer, or a folder with bert vocab.txt or gpt2 vocab.json + merges.txt; None = "
         "train a byte-level BPE on the training text (pretrain) or use the tokenizer saved with "
         "pretrained_model (probe)",
     )
@@ -125,30 +114,25 @@ class TwoTowerTrainingConfig(DataArguments):
 
     # objective: None = causal when pretraining, the pretrained model's in the probe phase
     objective: str | None = option(
-        None,
-        "causal (next token, TwoTowerForCausalLM) | masked (TwoTowerForMaskedLM)",
+        None, "causal (next token, TwoTowerForCausalLM) | masked (TwoTowerForMaskedLM)",
         choices=(None, *OBJECTIVES),
     )
     mlm_probability: float = option(
-        0.15,
-        "masked transformer towers: share of tokens selected (80/10/10 replaced)",
+        0.15, "masked transformer towers: share of tokens selected (80/10/10 replaced)",
         bounds=Bounds(0, 1, low_open=True, high_open=True),
     )
 
     # model (pretrain phase): a preset plus optional overrides; None keeps the preset's value
     model_preset: str = option(
-        "tiny",
-        "tiny | base | large | gpt-base | gpt-large | elmo-base | elmo-large (PRESETS)",
+        "tiny", "tiny | base | large | gpt-base | gpt-large | elmo-base | elmo-large (PRESETS)",
         choices=tuple(PRESETS),
     )
     layout: str | None = option(
-        None,
-        "bert | gpt | elmo: the reference code's variant (the gpt and elmo presets set it)",
+        None, "bert | gpt | elmo: the reference code's variant (the gpt and elmo presets set it)",
         choices=(None, *LAYOUTS),
     )
     tower_type: str | None = option(
-        None,
-        "transformer | lstm (None: the layout's; lstm in the bert layout: this package's LSTM towers, as in "
+        None, "transformer | lstm (None: the layout's; lstm in the bert layout: this package's LSTM towers, as in "
         "recipes tiny_lstm and tiny_elmo)",
         choices=(None, *TOWER_TYPES),
     )
@@ -159,37 +143,29 @@ class TwoTowerTrainingConfig(DataArguments):
     intermediate_size: int | None = option(None, "MLP width of one tower")
     lstm_hidden_size: int | None = option(None, "LSTM towers (elmo presets): cell size")
     embedding_size: int | None = option(
-        None,
-        "shared embedding and tied decoder; None = the layout's (bert: num_towers * hidden_size; gpt: "
+        None, "shared embedding and tied decoder; None = the layout's (bert: num_towers * hidden_size; gpt: "
         "hidden_size); hidden_size in the bert layout: about the FLOPs of a GPT-2 as deep as all towers",
     )
     cooperative: bool | None = option(None, "False: the independent-towers control (one LM head and loss per tower)")
     separate_embeddings: bool | None = option(
-        None,
-        "bert layout: each tower its own slice of the embedding (with cooperative false, towers that share no"
+        None, "bert layout: each tower its own slice of the embedding (with cooperative false, towers that share no"
         " parameter at all)",
     )
     sparse_prediction: bool | None = option(
-        None,
-        "masked objective: the LM head runs on the masked positions only (the same loss; ~1.5x faster steps "
+        None, "masked objective: the LM head runs on the masked positions only (the same loss; ~1.5x faster steps "
         "for the tiny preset's 4096-token vocabulary)",
     )
     max_position_embeddings: int | None = option(None, "positions; must be >= block_size")
     hidden_dropout: float | None = option(
-        None,
-        "dropout of the towers' hidden states",
-        bounds=Bounds(0, 1, high_open=True),
-        unset="keep the preset's",
+        None, "dropout of the towers' hidden states",
+        bounds=Bounds(0, 1, high_open=True), unset="keep the preset's",
     )
     attention_dropout: float | None = option(
-        None,
-        "dropout of the attention weights",
-        bounds=Bounds(0, 1, high_open=True),
-        unset="keep the preset's",
+        None, "dropout of the attention weights",
+        bounds=Bounds(0, 1, high_open=True), unset="keep the preset's",
     )
     initialization: str | None = option(
-        None,
-        "normal | reference (the reference code's; the paper-sized presets set it)",
+        None, "normal | reference (the reference code's; the paper-sized presets set it)",
         choices=(None, *INITIALIZATIONS),
     )
     gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% more compute")
@@ -201,8 +177,7 @@ class TwoTowerTrainingConfig(DataArguments):
     adam_beta2: float = option(0.98, "AdamW's second-moment decay", bounds=Bounds(0, 1, high_open=True))
     adam_epsilon: float = option(1e-8, "the paper does not set it; torch's default", bounds=above(0))
     weight_decay: float = option(
-        0.01,
-        "AdamW's decoupled decay of every parameter weight_decay_exclude leaves",
+        0.01, "AdamW's decoupled decay of every parameter weight_decay_exclude leaves",
         bounds=at_least(0),
     )
     weight_decay_exclude: str = option(
@@ -214,64 +189,52 @@ class TwoTowerTrainingConfig(DataArguments):
     )
     max_grad_norm: float = option(1.0, "gradient clipping; 0 disables", bounds=at_least(0, "0 disables clipping"))
     lr_scheduler_type: str = option(
-        "linear",
-        "any transformers.get_scheduler name; linear = warm-up then linear decay",
+        "linear", "any transformers.get_scheduler name; linear = warm-up then linear decay",
         choices=LR_SCHEDULERS,
     )
     num_warmup_steps: int = option(0, "optimizer steps of linear warm-up", bounds=at_least(0))
     per_device_train_batch_size: int = option(16, "sequences per process per micro-batch", bounds=at_least(1))
     per_device_eval_batch_size: int = option(32, "sequences per process per validation batch", bounds=at_least(1))
     gradient_accumulation_steps: int = option(
-        1,
-        "micro-batches per optimizer step global batch = per_device_train_batch_size * "
+        1, "micro-batches per optimizer step global batch = per_device_train_batch_size * "
         "gradient_accumulation_steps * number of processes",
         bounds=at_least(1),
     )
     num_train_epochs: int = option(1, "epochs, unless max_train_steps is set", bounds=at_least(1))
     max_train_steps: int | None = option(
-        None,
-        "optimizer steps; when set, overrides num_train_epochs",
-        bounds=at_least(1),
-        unset="train --num_train_epochs epochs",
+        None, "optimizer steps; when set, overrides num_train_epochs",
+        bounds=at_least(1), unset="train --num_train_epochs epochs",
     )
     mixed_precision: str | None = option(
-        None,
-        "no | fp16 | bf16; None = what `accelerate launch`/config says",
+        None, "no | fp16 | bf16; None = what `accelerate launch`/config says",
         choices=(None, *MIXED_PRECISIONS),
     )
     seed: int = option(
-        42,
-        "seeds weights, dropout and data order: equal seeds give equal runs",
+        42, "seeds weights, dropout and data order: equal seeds give equal runs",
         bounds=Bounds(0, MAX_SEED),
     )
     cpu: bool = option(False, "train on CPU even when a GPU is present")
 
     # phase
     phase: str = option(
-        "pretrain",
-        "pretrain (phase 1, joint model) | probe (phases 2 and 3, frozen model)",
+        "pretrain", "pretrain (phase 1, joint model) | probe (phases 2 and 3, frozen model)",
         choices=PHASES,
     )
     pretrained_model: str | None = option(None, "probe phase: folder of a pretrained two-tower model")
     probe_chunk_size: int | None = option(
-        None,
-        "positions per chunk of the probes' vocabulary projection",
-        bounds=at_least(1),
-        unset="let the probes choose",
+        None, "positions per chunk of the probes' vocabulary projection",
+        bounds=at_least(1), unset="let the probes choose",
     )
     probe_replicas: int = option(
-        1,
-        "probes per tower, each its own initial weights and (mlp) its own data order",
+        1, "probes per tower, each its own initial weights and (mlp) its own data order",
         bounds=at_least(1, "probes per tower"),
     )
     probe_type: str = option(
-        "mlp",
-        "mlp (the paper's probe; AdamW) | linear (softmax regression solved by L-BFGS)",
+        "mlp", "mlp (the paper's probe; AdamW) | linear (softmax regression solved by L-BFGS)",
         choices=PROBE_TYPES,
     )
     probe_feature_cache: str = option(
-        "memory",
-        "memory (on the device) | disk (numpy memmaps under output_dir, removed at the end of the run: for "
+        "memory", "memory (on the device) | disk (numpy memmaps under output_dir, removed at the end of the run: for "
         "caches beyond device memory) | none (recompute the frozen towers over the blocks each step reads, as"
         " the reference did; with probe_backbone_dropout, new dropout at every read, where a cache keeps one "
         "draw per block) | auto (memory if the cache fits in half the free device memory, else disk if it "
@@ -280,40 +243,32 @@ class TwoTowerTrainingConfig(DataArguments):
         choices=PROBE_FEATURE_CACHES,
     )
     probe_cache_max_gb: float | None = option(
-        None,
-        "auto: the largest disk cache in GB (1e9 bytes), of all processes; None = half the output folder's "
+        None, "auto: the largest disk cache in GB (1e9 bytes), of all processes; None = half the output folder's "
         "free disk",
-        bounds=above(0, "GB"),
-        unset="allow half the output folder's free disk",
+        bounds=above(0, "GB"), unset="allow half the output folder's free disk",
     )
     probe_batch_positions: int | None = option(
-        None,
-        "cached positions per probe step and process; None = the positions of per_device_train_batch_size * "
+        None, "cached positions per probe step and process; None = the positions of per_device_train_batch_size * "
         "gradient_accumulation_steps blocks, as much data as a step of blocks",
-        bounds=at_least(1),
-        unset="use the positions of a step of blocks",
+        bounds=at_least(1), unset="use the positions of a step of blocks",
     )
     probe_l2: float = option(
-        1e-3,
-        "linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL; of 1e-4, 1e-3, "
+        1e-3, "linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL; of 1e-4, 1e-3, "
         "1e-2 and 3e-2 on the tiny model's features, 1e-3 gave the lowest validation loss (1e-4 overfit)",
         bounds=at_least(0),
     )
     probe_tolerance: float = option(
-        1e-4,
-        "linear probes: L-BFGS stops when no gradient entry exceeds it",
+        1e-4, "linear probes: L-BFGS stops when no gradient entry exceeds it",
         bounds=above(0),
     )
     probe_grad_clipping: str = option(
-        "joint",
-        "joint: max_grad_norm bounds the norm of every probe's gradient together (the tiny recipes', whose "
+        "joint", "joint: max_grad_norm bounds the norm of every probe's gradient together (the tiny recipes', whose "
         "figures it keeps) | per_probe: each probe's own, so probes trained in one run step as in runs of "
         "their own, as the reference trained them (the paper recipes)",
         choices=PROBE_GRAD_CLIPPINGS,
     )
     probe_replica_data: str = option(
-        "shared",
-        "shared: every replica reads all the training blocks, each in its own order | disjoint: the blocks "
+        "shared", "shared: every replica reads all the training blocks, each in its own order | disjoint: the blocks "
         "cut into probe_replicas contiguous slices, replica r (of every tower) reading slice r only, so that "
         "replicas share no training text (cross-fitting: a preference two such probes agree on is not what "
         "one slice of text taught them); the slices are equal, a remainder of fewer blocks than replicas "
@@ -321,8 +276,7 @@ class TwoTowerTrainingConfig(DataArguments):
         choices=PROBE_REPLICA_DATA,
     )
     probe_backbone_dropout: bool = option(
-        False,
-        "cache the training features with the frozen model in train mode (dropout on: one draw per block, "
+        False, "cache the training features with the frozen model in train mode (dropout on: one draw per block, "
         "from the seed, static like the masks), as the reference's backbone ran in its probe phase; "
         "validation features stay dropout-free. Off by default: on the tiny recipe it left the preference as "
         "it was within noise and cost 0.9% probe perplexity (docs/FAITHFULNESS.md); the paper probe recipes "
@@ -332,21 +286,17 @@ class TwoTowerTrainingConfig(DataArguments):
     # checkpointing
     output_dir: str = option("outputs/twotower", "model/ (final), checkpoints/, runs/ (TensorBoard) go here")
     checkpointing_steps: int | None = option(
-        None,
-        "save_state every N optimizer steps (and at each epoch's end)",
-        bounds=at_least(1),
-        unset="checkpoint at the end of each epoch only",
+        None, "save_state every N optimizer steps (and at each epoch's end)",
+        bounds=at_least(1), unset="checkpoint at the end of each epoch only",
     )
     checkpoints_total_limit: int = option(2, "keep only the last K checkpoints", bounds=at_least(1, "checkpoints kept"))
     resume_from_checkpoint: str | None = option(None, "\"latest\" (in output_dir/checkpoints) or a checkpoint folder")
     overwrite_output_dir: bool = option(
-        False,
-        "a new run in a folder that holds an earlier run removes its checkpoints/, model/, runs/ and feature "
+        False, "a new run in a folder that holds an earlier run removes its checkpoints/, model/, runs/ and feature "
         "cache first (other files stay); without it such a folder is refused",
     )
     allow_config_change: bool = option(
-        False,
-        "resume although options that change the result (seed, data, model, schedule, batch...) differ from "
+        False, "resume although options that change the result (seed, data, model, schedule, batch...) differ from "
         "the checkpoint's, or its data files changed (their sha256 is in each checkpoint); without it such a "
         "resume is refused",
     )
@@ -354,31 +304,24 @@ class TwoTowerTrainingConfig(DataArguments):
     # logging
     logging_steps: int = option(10, "optimizer steps between log lines", bounds=at_least(1))
     eval_steps: int | None = option(
-        None,
-        "evaluate every N optimizer steps (and at each epoch's end)",
-        bounds=at_least(1),
-        unset="evaluate at the end of each epoch only",
+        None, "evaluate every N optimizer steps (and at each epoch's end)",
+        bounds=at_least(1), unset="evaluate at the end of each epoch only",
     )
     report_to: str = option("tensorboard", "accelerate tracker(s), comma-separated: tensorboard, wandb, all, none")
     peak_tflops: float | None = option(
-        None,
-        "device peak in TFLOP/s for MFU; None = measured with a matmul at start",
-        bounds=above(0),
-        unset="measure the device's peak at the start",
+        None, "device peak in TFLOP/s for MFU; None = measured with a matmul at start",
+        bounds=above(0), unset="measure the device's peak at the start",
     )
     disable_tqdm: bool = option(False, "hide the progress bar (shown on the main process only)")
 
     # early stopping on the validation loss: the joint model's (pretrain), the mean over the probes' (probe)
     early_stopping_patience: int | None = option(
-        None,
-        "stop after N evaluations in a row without improvement and save the best evaluation's weights; needs "
+        None, "stop after N evaluations in a row without improvement and save the best evaluation's weights; needs "
         "eval_steps; None = off. A resumed run starts counting afresh.",
-        bounds=at_least(1, "evaluations without improvement before stopping"),
-        unset="train without early stopping",
+        bounds=at_least(1, "evaluations without improvement before stopping"), unset="train without early stopping",
     )
     early_stopping_threshold: float = option(
-        0.0,
-        "minimum decrease of the validation loss that counts as an improvement (smaller gains are noise: the "
+        0.0, "minimum decrease of the validation loss that counts as an improvement (smaller gains are noise: the "
         "weights kept are those of the last evaluation that improved by more)",
         bounds=at_least(0),
     )
