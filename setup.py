@@ -34,6 +34,7 @@ setup(
     packages=[
         "modeling_twotower",
         "twotower.training",
+        "twotower.training.phases",
         "twotower.training.utils",
         "twotower.evaluation",
         "twotower.evaluation.tower_preference",
