@@ -36,6 +36,7 @@ setup(
     packages=[
         "modeling_twotower",
         "twotower.training",
+        "twotower.training.phases",
         "twotower.training.utils",
         "twotower.evaluation",
         "twotower.evaluation.publishing",

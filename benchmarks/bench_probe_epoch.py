@@ -30,7 +30,8 @@ from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.optimization import train_step
 from twotower.training.phases import make_phase
-from twotower.training.probe_cache import build_feature_cache, replica_orders, step_positions
+from twotower.training.phases.replica_sampling import replica_orders, step_positions
+from twotower.training.probe_cache import build_feature_cache
 from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "train.txt"

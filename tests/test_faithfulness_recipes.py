@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from conftest import tiny_two_tower
 from transformers import get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
@@ -153,3 +154,46 @@ def test_gpt_and_elmo_recipes_decay_every_parameter(recipe):
     trained = ProbesOnPositions(model.probes) if values.get("phase") == "probe" else model
     decayed, spared = decayed_names(trained, values["weight_decay_exclude"])
     assert not spared and decayed == {name for name, param in trained.named_parameters() if param.requires_grad}
+
+
+def groups_by_module_walk(module: torch.nn.Module, exclude: str) -> tuple[list, list]:
+    """The weight-decay groups as they were chosen before Trainer's name patterns: a walk over the named modules."""
+    decay, no_decay, seen = [], [], set()
+    for module_name, submodule in module.named_modules():
+        is_norm = "norm" in module_name.rsplit(".", 1)[-1].lower()
+        in_tower_layer = ".layers." in f".{module_name}."
+        for name, param in submodule.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            is_bias = name.startswith("bias")
+            excluded = {"norms_and_biases": is_norm or is_bias,
+                        "tower_norms_and_biases": (is_norm and in_tower_layer) or is_bias, "none": False}[exclude]
+            (no_decay if excluded else decay).append(param)
+    return decay, no_decay
+
+
+LAYOUT_MODELS = {
+    "bert": dict(),
+    "bert-masked": dict(model_class=TwoTowerForMaskedLM),
+    "bert-lstm": dict(tower_type="lstm", lstm_hidden_size=24),
+    "bert-control": dict(cooperative=False),
+    "bert-separate-embeddings": dict(separate_embeddings=True),
+    "gpt": dict(layout="gpt"),
+    "elmo": dict(layout="elmo", tower_type="lstm", lstm_hidden_size=24, model_class=TwoTowerForMaskedLM),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUT_MODELS)
+@pytest.mark.parametrize("exclude", ["norms_and_biases", "tower_norms_and_biases", "none"])
+@pytest.mark.parametrize("trains", ["model", "probes"])
+def test_weight_decay_groups_are_those_of_the_module_walk(layout, exclude, trains):
+    model = tiny_two_tower(**LAYOUT_MODELS[layout])
+    model.probes.requires_grad_(trains == "probes")
+    trained = model if trains == "model" else ProbesOnPositions(model.probes)
+    decay, no_decay = weight_decay_groups(trained, 0.01, exclude)
+    expected_decay, expected_no_decay = groups_by_module_walk(trained, exclude)
+    # the same tensors, in the same order (the optimizer state's order in a checkpoint)
+    assert [id(param) for param in decay["params"]] == [id(param) for param in expected_decay]
+    assert [id(param) for param in no_decay["params"]] == [id(param) for param in expected_no_decay]
+    assert no_decay["params"] or exclude == "none"

@@ -24,7 +24,8 @@ from twotower.training.arguments import TwoTowerTrainingConfig, load_config
 from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
-from twotower.training.probe_cache import FeatureCache, build_feature_cache, replica_orders, step_positions
+from twotower.training.phases.replica_sampling import replica_orders, step_positions
+from twotower.training.probe_cache import FeatureCache, build_feature_cache
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
 from twotower.training.validation import evaluate_cached
@@ -110,8 +111,11 @@ def test_replicas_differ_and_each_learns(replica_run):
     assert not torch.allclose(decoder[0], decoder[1], atol=1e-3)  # tower 0's replicas
     # The run records which probes trained together (replica r of each tower), and still reruns as a recipe.
     saved_config = Path(replica_run["model_dir"]) / "training_config.yaml"
-    runs = yaml.safe_load(saved_config.read_text())["probe_runs"]
+    records = yaml.safe_load(saved_config.read_text())
+    runs = records["probe_runs"]
     assert runs["runs"] == [[0, 2], [1, 3]] and runs["probe_index"] == "tower * probe_replicas + replica"
+    assert records["optimizer"] == ("AdamW, learning rate 0.01, betas (0.9, 0.98), eps 1e-08, weight decay 0.01 (not "
+                                    "on norms and biases), gradient clipping 1")  # for the model card
     assert load_config(str(saved_config)) == dataclasses.replace(replica_run["config"], recipe=str(saved_config))
 
 
@@ -242,7 +246,7 @@ def test_linear_probes_refuse_disjoint_slices(causal_model, corpus, tmp_path):
 def test_early_stopping_over_epochs_keeps_the_best(causal_model, corpus, tmp_path, monkeypatch, capsys):
     # 16 training blocks (2 steps an epoch) at a high learning rate: the probes overfit within a few epochs.
     evaluations = []
-    monkeypatch.setattr("twotower.training.phases.evaluate_cached",
+    monkeypatch.setattr("twotower.training.phases.probe.evaluate_cached",
                         lambda *args, **kwargs: evaluations.append(evaluate_cached(*args, **kwargs)) or evaluations[-1])
     result = training_function(probe_config(
         causal_model, corpus, tmp_path, max_train_blocks=16, num_train_epochs=40, learning_rate=3e-2, eval_steps=2,
@@ -292,6 +296,10 @@ def test_linear_probe_replicas_reach_one_optimum(linear_run, corpus):
     objective, largest_gradient = full_batch_objective(linear_run["model_dir"], config)
     assert largest_gradient <= 1.5 * config.probe_tolerance  # at the optimum, up to the tolerance (float32 sums)
     assert objective == pytest.approx(linear_run["train_losses"][-1], rel=1e-5)
+    # The run records its optimizer for the model card: L-BFGS, not the AdamW of the MLP probes.
+    records = yaml.safe_load((Path(linear_run["model_dir"]) / "training_config.yaml").read_text())
+    assert records["optimizer"].startswith("L-BFGS (strong-Wolfe line search, history 10, lr 1, no schedule)")
+    assert "L2 penalty 0.001" in records["optimizer"] and "exceeds 0.0001" in records["optimizer"]
 
     # Two replicas from different initial weights end at the same probe: per position and per token type.
     input_ids = blocks(linear_run["model_dir"], corpus["validation_file"], EVAL_BLOCKS)

@@ -1,6 +1,7 @@
 """Recipes: every name resolves to the values it always had, and `extends` composes recipes (overrides, cycles)."""
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import yaml
 from twotower.training.arguments import RECIPES_DIR, TwoTowerTrainingConfig, load_config, read_recipe
 from twotower.training.utils.errors import TwoTowerUserError
 
-# dataclasses.asdict(load_config(name)) of every recipe, pinned when the recipes were written out in full
-PINNED = json.loads((Path(__file__).parent / "fixtures" / "recipes_resolved.json").read_text(encoding="utf-8"))
+# dataclasses.asdict(load_config(name)) of every recipe, pinned when the recipes were written out in full; written
+# by scripts/resolve_recipes.py
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = REPO_ROOT / "tests" / "fixtures" / "recipes_resolved.json"
+PINNED = json.loads(FIXTURE.read_text(encoding="utf-8"))
 
 
 def test_every_recipe_is_pinned():
@@ -90,3 +94,12 @@ def test_a_missing_parent_names_the_recipe_that_extends_it_and_lists_the_known_r
 def test_the_command_line_overrides_an_inherited_value():
     config = load_config("tiny_control", ["--max_train_steps", "7"])
     assert (config.max_train_steps, config.cooperative, config.recipe) == (7, False, "tiny_control")
+
+
+def test_the_pinned_values_are_what_the_regenerator_writes():
+    # scripts/resolve_recipes.py rewrites the fixture after a new option: it must write exactly the pinned file
+    spec = importlib.util.spec_from_file_location("resolve_recipes", REPO_ROOT / "scripts" / "resolve_recipes.py")
+    resolve_recipes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(resolve_recipes)
+    assert resolve_recipes.FIXTURE == FIXTURE
+    assert resolve_recipes.resolved_recipes_text() == FIXTURE.read_text(encoding="utf-8")

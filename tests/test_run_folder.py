@@ -172,7 +172,7 @@ def disk_estimate(seed_runs) -> tuple[int, int]:
     model = AutoModelForCausalLM.from_pretrained(seed_runs[1]["model_dir"])
     phase = make_phase(load_config("tiny"))
     trained = phase.trained_module(model, torch.device("cpu"))  # the probes are frozen
-    return run_disk_bytes(model, trained, phase.make_optimizer(trained))
+    return run_disk_bytes(model, trained, phase.optimizer_state_copies)
 
 
 def test_the_disk_estimate_is_the_size_of_the_files_a_run_writes(seed_runs, disk_estimate):

@@ -9,6 +9,9 @@ import pytest
 from twotower.evaluation import compute_preference
 from twotower.evaluation.scoring import report
 from twotower.evaluation.publishing.model_card import CARD_FUNCTIONS, model_card_template, phase_config
+from twotower.training.arguments import TwoTowerTrainingConfig
+from twotower.training.optimization import adamw_description
+from twotower.training.phases import make_phase
 
 
 MIN_COUNT = 5
@@ -88,6 +91,7 @@ PRETRAIN = dict(
     adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.1, max_grad_norm=1.0, lr_scheduler_type="cosine",
     num_warmup_steps=1200, seed=42, cpu=True,
 )  # fmt: skip
+PRETRAIN["optimizer"] = adamw_description(TwoTowerTrainingConfig(**PRETRAIN))  # the run's record
 
 
 def test_card_template_words_a_pretrain_phase():
@@ -119,8 +123,13 @@ def test_card_template_words_a_probe_phase_on_a_hub_dataset():
         "dataset_config_name": "wikitext-103-raw-v1", "max_train_blocks": None, "max_train_steps": None,
         "num_train_epochs": 1, "weight_decay_exclude": "none", "mixed_precision": "bf16",
     }  # fmt: skip
+    linear = TwoTowerTrainingConfig(phase="probe", pretrained_model="unused", probe_type="linear", max_train_steps=50)
+    probe["optimizer"] = make_phase(linear).optimizer_description  # the run's record
     text = card_phase_text(probe)
     assert text.startswith("**Phase `probe`**: the joint model frozen; probes (one or more replicas per tower)")
     assert "| Data | the Hub dataset `wikitext` (`wikitext-103-raw-v1`), blocks of 128 tokens |" in text
     assert "| Tokenizer | the pretrained model's |" in text and "| Length | 1 epoch |" in text
-    assert "weight decay 0.1 (on every parameter)" in text and "| Precision | bf16 |" in text
+    assert ("| Optimizer | L-BFGS (strong-Wolfe line search, history 10, lr 1, no schedule), one iteration a step on "
+            "the full batch, L2 penalty 0.001 on weights and biases, stopping when no gradient entry exceeds 0.0001 |"
+            ) in text
+    assert "| Precision | bf16 |" in text

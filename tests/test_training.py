@@ -33,7 +33,8 @@ from twotower.training.data import collate_blocks, load_raw_datasets, split_bloc
 from twotower.training.early_stopping import EarlyStopping
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.optimization import weight_decay_groups
-from twotower.training.phases import make_phase
+from twotower.training.phases import LinearProbePhase, PretrainPhase, ProbePhase, make_phase
+from twotower.training.run_setup import TrainingRun
 from twotower.training.probe_cache import build_feature_cache
 from twotower.training.run_folder import read_eval_history
 from twotower.training.throughput import flops_per_token
@@ -274,8 +275,8 @@ def script_evaluations(monkeypatch, *evaluations: tuple[float, ...]):
         for index, probe_loss in enumerate(probe_losses):
             metrics |= {f"probe_{index}_loss": probe_loss, f"probe_{index}_perplexity": math.exp(probe_loss)}
         scripted.append(metrics)
-    for name in ("evaluate_blocks", "evaluate_cached"):  # the pretrain phase's and the probe phase's
-        monkeypatch.setattr(f"twotower.training.phases.{name}", lambda *args, **kwargs: scripted.pop(0))
+    for module, name in (("pretrain", "evaluate_blocks"), ("probe", "evaluate_cached")):
+        monkeypatch.setattr(f"twotower.training.phases.{module}.{name}", lambda *args, **kwargs: scripted.pop(0))
 
 
 def test_early_stopping_saves_the_best_evaluation(corpus, tmp_path, monkeypatch, capsys):
@@ -348,7 +349,10 @@ def test_recipe_and_command_line_override_defaults(pretrain_run, corpus):
     assert config.adam_beta2 == defaults.adam_beta2 == 0.98  # default where neither sets it
     # The resolved config is saved with the model, and reruns as a recipe.
     saved_path = Path(pretrain_run["model_dir"]) / "training_config.yaml"
-    assert yaml.safe_load(saved_path.read_text()) == dataclasses.asdict(pretrain_run["config"])
+    saved = yaml.safe_load(saved_path.read_text())
+    assert saved.pop("optimizer") == ("AdamW, learning rate 0.003, betas (0.9, 0.98), eps 1e-08, weight decay 0.01 "
+                                      "(not on norms and biases), gradient clipping 1")  # the run's record
+    assert saved == dataclasses.asdict(pretrain_run["config"])
     assert load_config(str(saved_path)) == dataclasses.replace(pretrain_run["config"], recipe=str(saved_path))
 
 
@@ -501,3 +505,13 @@ def test_probe_phase_rejects_other_models_and_larger_tokenizers(
             "tiny_probe", corpus, tmp_path, pretrained_model=pretrain_run["model_dir"],
             tokenizer_name_or_path=gpt2_tokenizer_dir,
         ))
+
+
+def test_the_run_holds_only_what_every_phase_has():
+    # a phase builds and holds its own data, optimizer and loss; the run the loop reads carries none of them
+    fields = {field.name for field in dataclasses.fields(TrainingRun)}
+    phase_state = {"caches", "positions_per_step", "train_dataloader", "eval_dataloader", "optimizer", "loss_function",
+                   "tokens_per_batch", "eval_chunk"}
+    assert not fields & phase_state
+    for phase in (PretrainPhase, ProbePhase, LinearProbePhase):  # each says its optimizer's state and description
+        assert {"make_optimizer", "optimizer_state_copies", "optimizer_description"} <= set(vars(phase))

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import yaml
 from accelerate.utils import LoggerType
-from transformers import HfArgumentParser
 
 from modeling_twotower.configuration_twotower import (
     INITIALIZATIONS,
@@ -22,7 +21,8 @@ from modeling_twotower.configuration_twotower import (
 from .utils.atomic import write_text_atomically
 from .data import BLOCK_FORMATS
 from .utils.errors import TwoTowerUserError
-from .utils.options import check_ranges, check_types, closest_name, convert_recipe_values, parse_command_line
+from .utils.options import Bounds, OptionsParser, above, at_least, check_ranges, check_types_and_choices, closest_name
+from .utils.options import convert_values, option
 from .objectives import OBJECTIVES
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -35,7 +35,7 @@ WEIGHT_DECAY_EXCLUSIONS = ("norms_and_biases", "tower_norms_and_biases", "none")
 PROBE_GRAD_CLIPPINGS = ("joint", "per_probe")
 PROBE_REPLICA_DATA = ("shared", "disjoint")
 RESOLVED_CONFIG_NAME = "training_config.yaml"
-RUN_RECORDS = ("probe_runs",)  # what a run writes about itself into its resolved config: read back, never options
+RUN_RECORDS = ("optimizer", "probe_runs")  # what a run writes about itself into its resolved config: never options
 # the transformers schedules that need nothing but the step counts (the others need a metric or extra arguments)
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
                  "inverse_sqrt")
@@ -43,83 +43,48 @@ TRACKERS = (*(tracker.value for tracker in LoggerType), "none")
 HUB_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 MAX_SEED = 2**32 - 1  # numpy's seed range, which set_seed also seeds
 BYTE_LEVEL_ALPHABET = 256  # a trained BPE holds every byte, plus its special tokens
-# The allowed range of every bounded option: (test, requirement in words). A None value (where the field allows
-# it) means "unset" and is never tested; UNSET_MEANS says what unset does, for the error message.
-# The data options (DataArguments), which scoring shares with training (evaluation/scoring/score.py), take one range.
-DATA_OPTION_RANGES = {
-    "validation_split_percentage": (lambda v: 0 <= v < 100, "in [0, 100)"),
-    "block_size": (lambda v: v >= 2, ">= 2 (a block of one token has no target: nothing to train on or score)"),
-    "preprocessing_num_workers": (lambda v: v >= 1, ">= 1"),
-}
-DATA_UNSET_MEANS = {"preprocessing_num_workers": "tokenize in one process"}
-OPTION_RANGES = {
-    **DATA_OPTION_RANGES,
-    "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
-    "max_train_blocks": (lambda v: v >= 1, ">= 1"),
-    "max_eval_blocks": (lambda v: v >= 1, ">= 1"),
-    "mlm_probability": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "hidden_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "attention_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "learning_rate": (lambda v: v > 0, "> 0"),
-    "adam_beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "adam_beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "adam_epsilon": (lambda v: v > 0, "> 0"),
-    "weight_decay": (lambda v: v >= 0, ">= 0"),
-    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
-    "num_warmup_steps": (lambda v: v >= 0, ">= 0"),
-    "per_device_train_batch_size": (lambda v: v >= 1, ">= 1"),
-    "per_device_eval_batch_size": (lambda v: v >= 1, ">= 1"),
-    "gradient_accumulation_steps": (lambda v: v >= 1, ">= 1"),
-    "num_train_epochs": (lambda v: v >= 1, ">= 1"),
-    "max_train_steps": (lambda v: v >= 1, ">= 1"),
-    "seed": (lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]"),
-    "probe_replicas": (lambda v: v >= 1, ">= 1 (probes per tower)"),
-    "probe_batch_positions": (lambda v: v >= 1, ">= 1"),
-    "probe_cache_max_gb": (lambda v: v > 0, "> 0 (GB)"),
-    "probe_l2": (lambda v: v >= 0, ">= 0"),
-    "probe_tolerance": (lambda v: v > 0, "> 0"),
-    "checkpointing_steps": (lambda v: v >= 1, ">= 1"),
-    "checkpoints_total_limit": (lambda v: v >= 1, ">= 1 (checkpoints kept)"),
-    "logging_steps": (lambda v: v >= 1, ">= 1"),
-    "eval_steps": (lambda v: v >= 1, ">= 1"),
-    "peak_tflops": (lambda v: v > 0, "> 0"),
-    "early_stopping_patience": (lambda v: v >= 1, ">= 1 (evaluations without improvement before stopping)"),
-    "early_stopping_threshold": (lambda v: v >= 0, ">= 0"),
-}
-UNSET_MEANS = {
-    **DATA_UNSET_MEANS,
-    "max_train_blocks": "use every training block",
-    "max_eval_blocks": "use every validation block",
-    "hidden_dropout": "keep the preset's",
-    "attention_dropout": "keep the preset's",
-    "max_train_steps": "train --num_train_epochs epochs",
-    "probe_chunk_size": "let the probes choose",
-    "probe_batch_positions": "use the positions of a step of blocks",
-    "probe_cache_max_gb": "allow half the output folder's free disk",
-    "checkpointing_steps": "checkpoint at the end of each epoch only",
-    "eval_steps": "evaluate at the end of each epoch only",
-    "peak_tflops": "measure the device's peak at the start",
-    "early_stopping_patience": "train without early stopping",
-}
-
-
 @dataclass
 class DataArguments:
     """The data options of training and scoring: the same flags select the same blocks in both commands."""
 
-    dataset_name: str = "wikitext"  # Hub dataset, used when train_file is not set
-    dataset_config_name: str | None = "wikitext-2-raw-v1"
-    text_column_name: str = "text"  # column of the Hub dataset holding raw text
-    train_file: str | None = None  # local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name
-    validation_file: str | None = None  # same forms; without it (or a validation split) blocks of the training text
-    # are held out; scoring a validation_file alone scores that text
-    validation_split_percentage: float = 5.0  # % of train blocks held out, chosen with a fixed seed
-    block_size: int = 128  # tokens per sequence (the paper's context length); at most max_position_embeddings
-    block_format: str = "contiguous"  # contiguous: the running token stream cut every block_size tokens |
-    # sentence_pairs: the reference code's blocks, [CLS] sentences [SEP] sentences [SEP] [PAD]... (whole sentences
-    # from an anchor every block_size tokens; needs [CLS], [SEP] and [PAD], e.g. the bert-base-uncased WordPiece)
-    preprocessing_num_workers: int | None = None  # processes for datasets.map; None = one
-    overwrite_cache: bool = False  # re-tokenize instead of reusing the datasets cache
+    dataset_name: str = option("wikitext", "Hub dataset, used when train_file is not set")
+    dataset_config_name: str | None = option("wikitext-2-raw-v1", "configuration of the Hub dataset")
+    text_column_name: str = option("text", "column of the Hub dataset holding raw text")
+    train_file: str | None = option(
+        None, "local text: a .txt file, a folder of .txt files or a glob; replaces dataset_name",
+    )
+    validation_file: str | None = option(
+        None, "same forms; without it (or a validation split) blocks of the training text are held out; scoring a "
+        "validation_file alone scores that text",
+    )
+    validation_split_percentage: float = option(
+        5.0, "% of train blocks held out, chosen with a fixed seed",
+        bounds=Bounds(0, 100, high_open=True),
+    )
+    block_size: int = option(
+        128, "tokens per sequence (the paper's context length); at most max_position_embeddings",
+        bounds=at_least(2, "a block of one token has no target: nothing to train on or score"),
+    )
+    block_format: str = option(
+        "contiguous",
+        "contiguous: the running token stream cut every block_size tokens | sentence_pairs: the reference "
+        "code's blocks, [CLS] sentences [SEP] sentences [SEP] [PAD]... (whole sentences from an anchor every "
+        "block_size tokens; needs [CLS], [SEP] and [PAD], e.g. the bert-base-uncased WordPiece)",
+        choices=BLOCK_FORMATS,
+    )
+    preprocessing_num_workers: int | None = option(
+        None, "processes for datasets.map; None = one",
+        bounds=at_least(1), unset="tokenize in one process",
+    )
+    overwrite_cache: bool = option(False, "re-tokenize instead of reusing the datasets cache")
+
+    def check_block_size(self, model_config, other_fix: str = "") -> None:
+        """Refuse a --block_size beyond the positions of `model_config` (`other_fix`: a fix besides lowering it)."""
+        if self.block_size > model_config.max_position_embeddings:
+            raise TwoTowerUserError(
+                f"--block_size {self.block_size} exceeds the model's max_position_embeddings "
+                f"({model_config.max_position_embeddings}); lower --block_size{other_fix}."
+            )
 
 
 @dataclass
@@ -127,150 +92,248 @@ class TwoTowerTrainingConfig(DataArguments):
     # data: DataArguments' fields (first in a saved training_config.yaml, which every reader loads as a dict)
 
     # recipe
-    recipe: str | None = None  # a recipe name in training/recipes (tiny, base_probe, ...) or a YAML path
+    recipe: str | None = option(None, "a recipe name in training/recipes (tiny, base_probe, ...) or a YAML path")
 
     # data (training only)
-    max_train_blocks: int | None = None  # use only the first N training blocks (quick runs); None = all
-    max_eval_blocks: int | None = None  # use only the first N validation blocks; None = all
+    max_train_blocks: int | None = option(
+        None, "use only the first N training blocks (quick runs); None = all",
+        bounds=at_least(1), unset="use every training block",
+    )
+    max_eval_blocks: int | None = option(
+        None, "use only the first N validation blocks; None = all",
+        bounds=at_least(1), unset="use every validation block",
+    )
 
     # tokenizer
-    tokenizer_name_or_path: str | None = None  # Hub name, saved tokenizer, or a folder with bert vocab.txt or
-    # gpt2 vocab.json + merges.txt; None = train a byte-level BPE on the training text (pretrain) or use the
-    # tokenizer saved with pretrained_model (probe)
-    tokenizer_vocab_size: int = 8192  # vocabulary of a newly trained BPE tokenizer
+    tokenizer_name_or_path: str | None = option(
+        None, "Hub name, saved tokenizer, or a folder with bert vocab.txt or gpt2 vocab.json + merges.txt; None = "
+        "train a byte-level BPE on the training text (pretrain) or use the tokenizer saved with "
+        "pretrained_model (probe)",
+    )
+    tokenizer_vocab_size: int = option(8192, "vocabulary of a newly trained BPE tokenizer")
 
     # objective: None = causal when pretraining, the pretrained model's in the probe phase
-    objective: str | None = None  # causal (next token, TwoTowerForCausalLM) | masked (TwoTowerForMaskedLM)
-    mlm_probability: float = 0.15  # masked transformer towers: share of tokens selected (80/10/10 replaced)
+    objective: str | None = option(
+        None, "causal (next token, TwoTowerForCausalLM) | masked (TwoTowerForMaskedLM)",
+        choices=(None, *OBJECTIVES),
+    )
+    mlm_probability: float = option(
+        0.15, "masked transformer towers: share of tokens selected (80/10/10 replaced)",
+        bounds=Bounds(0, 1, low_open=True, high_open=True),
+    )
 
     # model (pretrain phase): a preset plus optional overrides; None keeps the preset's value
-    model_preset: str = "tiny"  # tiny | base | large | gpt-base | gpt-large | elmo-base | elmo-large (PRESETS)
-    layout: str | None = None  # bert | gpt | elmo: the reference code's variant (the gpt and elmo presets set it)
-    tower_type: str | None = None  # transformer | lstm (None: the layout's; lstm in the bert layout: this
-    # package's LSTM towers, as in recipes tiny_lstm and tiny_elmo)
-    num_towers: int | None = None
-    hidden_size: int | None = None  # width of ONE tower
-    num_hidden_layers: int | None = None  # layers per tower
-    num_attention_heads: int | None = None  # heads per tower
-    intermediate_size: int | None = None  # MLP width of one tower
-    lstm_hidden_size: int | None = None  # LSTM towers (elmo presets): cell size
-    embedding_size: int | None = None  # shared embedding and tied decoder; None = the layout's (bert: num_towers *
-    # hidden_size; gpt: hidden_size); hidden_size in the bert layout: about the FLOPs of a GPT-2 as deep as all towers
-    cooperative: bool | None = None  # False: the independent-towers control (one LM head and loss per tower)
-    separate_embeddings: bool | None = None  # bert layout: each tower its own slice of the embedding (with
-    # cooperative false, towers that share no parameter at all)
-    sparse_prediction: bool | None = None  # masked objective: the LM head runs on the masked positions only (the
-    # same loss; ~1.5x faster steps for the tiny preset's 4096-token vocabulary)
-    max_position_embeddings: int | None = None  # positions; must be >= block_size
-    hidden_dropout: float | None = None
-    attention_dropout: float | None = None
-    initialization: str | None = None  # normal | reference (the reference code's; the paper-sized presets set it)
-    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more compute
-    torch_compile: bool = False  # torch.compile the model (inductor); pays a compile time up front
+    model_preset: str = option(
+        "tiny", "tiny | base | large | gpt-base | gpt-large | elmo-base | elmo-large (PRESETS)",
+        choices=tuple(PRESETS),
+    )
+    layout: str | None = option(
+        None, "bert | gpt | elmo: the reference code's variant (the gpt and elmo presets set it)",
+        choices=(None, *LAYOUTS),
+    )
+    tower_type: str | None = option(
+        None, "transformer | lstm (None: the layout's; lstm in the bert layout: this package's LSTM towers, as in "
+        "recipes tiny_lstm and tiny_elmo)",
+        choices=(None, *TOWER_TYPES),
+    )
+    num_towers: int | None = option(None, "towers of the model (at least 2)")
+    hidden_size: int | None = option(None, "width of ONE tower")
+    num_hidden_layers: int | None = option(None, "layers per tower")
+    num_attention_heads: int | None = option(None, "heads per tower")
+    intermediate_size: int | None = option(None, "MLP width of one tower")
+    lstm_hidden_size: int | None = option(None, "LSTM towers (elmo presets): cell size")
+    embedding_size: int | None = option(
+        None, "shared embedding and tied decoder; None = the layout's (bert: num_towers * hidden_size; gpt: "
+        "hidden_size); hidden_size in the bert layout: about the FLOPs of a GPT-2 as deep as all towers",
+    )
+    cooperative: bool | None = option(None, "False: the independent-towers control (one LM head and loss per tower)")
+    separate_embeddings: bool | None = option(
+        None, "bert layout: each tower its own slice of the embedding (with cooperative false, towers that share no"
+        " parameter at all)",
+    )
+    sparse_prediction: bool | None = option(
+        None, "masked objective: the LM head runs on the masked positions only (the same loss; ~1.5x faster steps "
+        "for the tiny preset's 4096-token vocabulary)",
+    )
+    max_position_embeddings: int | None = option(None, "positions; must be >= block_size")
+    hidden_dropout: float | None = option(
+        None, "dropout of the towers' hidden states",
+        bounds=Bounds(0, 1, high_open=True), unset="keep the preset's",
+    )
+    attention_dropout: float | None = option(
+        None, "dropout of the attention weights",
+        bounds=Bounds(0, 1, high_open=True), unset="keep the preset's",
+    )
+    initialization: str | None = option(
+        None, "normal | reference (the reference code's; the paper-sized presets set it)",
+        choices=(None, *INITIALIZATIONS),
+    )
+    gradient_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% more compute")
+    torch_compile: bool = option(False, "torch.compile the model (inductor); pays a compile time up front")
 
     # optimisation (the paper's defaults)
-    learning_rate: float = 1e-3  # peak learning rate, reached after warm-up
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_epsilon: float = 1e-8  # the paper does not set it; torch's default
-    weight_decay: float = 0.01  # AdamW's decoupled decay of every parameter weight_decay_exclude leaves
-    weight_decay_exclude: str = "norms_and_biases"  # parameters not decayed: norms_and_biases | tower_norms_and_biases
-    # (the reference BERT's: every bias and the norms inside the towers' layers; the embedding, fusion and probe
-    # norms decay) | none (the reference GPT's and ELMo's: everything decays)
-    max_grad_norm: float = 1.0  # gradient clipping; 0 disables
-    lr_scheduler_type: str = "linear"  # any transformers.get_scheduler name; linear = warm-up then linear decay
-    num_warmup_steps: int = 0  # optimizer steps of linear warm-up
-    per_device_train_batch_size: int = 16  # sequences per process per micro-batch
-    per_device_eval_batch_size: int = 32
-    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
-    # global batch = per_device_train_batch_size * gradient_accumulation_steps * number of processes
-    num_train_epochs: int = 1
-    max_train_steps: int | None = None  # optimizer steps; when set, overrides num_train_epochs
-    mixed_precision: str | None = None  # no | fp16 | bf16; None = what `accelerate launch`/config says
-    seed: int = 42  # seeds weights, dropout and data order: equal seeds give equal runs
-    cpu: bool = False  # train on CPU even when a GPU is present
+    learning_rate: float = option(1e-3, "peak learning rate, reached after warm-up", bounds=above(0))
+    adam_beta1: float = option(0.9, "AdamW's first-moment decay", bounds=Bounds(0, 1, high_open=True))
+    adam_beta2: float = option(0.98, "AdamW's second-moment decay", bounds=Bounds(0, 1, high_open=True))
+    adam_epsilon: float = option(1e-8, "the paper does not set it; torch's default", bounds=above(0))
+    weight_decay: float = option(
+        0.01, "AdamW's decoupled decay of every parameter weight_decay_exclude leaves",
+        bounds=at_least(0),
+    )
+    weight_decay_exclude: str = option(
+        "norms_and_biases",
+        "parameters not decayed: norms_and_biases | tower_norms_and_biases (the reference BERT's: every bias "
+        "and the norms inside the towers' layers; the embedding, fusion and probe norms decay) | none (the "
+        "reference GPT's and ELMo's: everything decays)",
+        choices=WEIGHT_DECAY_EXCLUSIONS,
+    )
+    max_grad_norm: float = option(1.0, "gradient clipping; 0 disables", bounds=at_least(0, "0 disables clipping"))
+    lr_scheduler_type: str = option(
+        "linear", "any transformers.get_scheduler name; linear = warm-up then linear decay",
+        choices=LR_SCHEDULERS,
+    )
+    num_warmup_steps: int = option(0, "optimizer steps of linear warm-up", bounds=at_least(0))
+    per_device_train_batch_size: int = option(16, "sequences per process per micro-batch", bounds=at_least(1))
+    per_device_eval_batch_size: int = option(32, "sequences per process per validation batch", bounds=at_least(1))
+    gradient_accumulation_steps: int = option(
+        1, "micro-batches per optimizer step global batch = per_device_train_batch_size * "
+        "gradient_accumulation_steps * number of processes",
+        bounds=at_least(1),
+    )
+    num_train_epochs: int = option(1, "epochs, unless max_train_steps is set", bounds=at_least(1))
+    max_train_steps: int | None = option(
+        None, "optimizer steps; when set, overrides num_train_epochs",
+        bounds=at_least(1), unset="train --num_train_epochs epochs",
+    )
+    mixed_precision: str | None = option(
+        None, "no | fp16 | bf16; None = what `accelerate launch`/config says",
+        choices=(None, *MIXED_PRECISIONS),
+    )
+    seed: int = option(
+        42, "seeds weights, dropout and data order: equal seeds give equal runs",
+        bounds=Bounds(0, MAX_SEED),
+    )
+    cpu: bool = option(False, "train on CPU even when a GPU is present")
 
     # phase
-    phase: str = "pretrain"  # pretrain (phase 1, joint model) | probe (phases 2 and 3, frozen model)
-    pretrained_model: str | None = None  # probe phase: folder of a pretrained two-tower model
-    probe_chunk_size: int | None = None  # positions per chunk of the probes' vocabulary projection
-    probe_replicas: int = 1  # probes per tower, each its own initial weights and (mlp) its own data order
-    probe_type: str = "mlp"  # mlp (the paper's probe; AdamW) | linear (softmax regression solved by L-BFGS)
-    probe_feature_cache: str = "memory"  # memory (on the device) | disk (numpy memmaps under output_dir, removed at
-    # the end of the run: for caches beyond device memory) | none (recompute the frozen towers over the blocks each
-    # step reads, as the reference did; with probe_backbone_dropout, new dropout at every read, where a cache keeps
-    # one draw per block) | auto (memory if the cache fits in half the free device memory, else disk if it fits in
-    # probe_cache_max_gb, else none; printed with the size before the towers run). Kept in the training precision
-    probe_cache_max_gb: float | None = None  # auto: the largest disk cache in GB (1e9 bytes), of all processes;
-    # None = half the output folder's free disk
-    probe_batch_positions: int | None = None  # cached positions per probe step and process; None = the positions
-    # of per_device_train_batch_size * gradient_accumulation_steps blocks, as much data as a step of blocks
-    probe_l2: float = 1e-3  # linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL;
-    # of 1e-4, 1e-3, 1e-2 and 3e-2 on the tiny model's features, 1e-3 gave the lowest validation loss (1e-4 overfit)
-    probe_tolerance: float = 1e-4  # linear probes: L-BFGS stops when no gradient entry exceeds it
-    probe_grad_clipping: str = "joint"  # joint: max_grad_norm bounds the norm of every probe's gradient together
-    # (the tiny recipes', whose figures it keeps) | per_probe: each probe's own, so probes trained in one run step as
-    # in runs of their own, as the reference trained them (the paper recipes)
-    probe_replica_data: str = "shared"  # shared: every replica reads all the training blocks, each in its own order
-    # | disjoint: the blocks cut into probe_replicas contiguous slices, replica r (of every tower) reading slice r
-    # only, so that replicas share no training text (cross-fitting: a preference two such probes agree on is not
-    # what one slice of text taught them); the slices are equal, a remainder of fewer blocks than replicas unread
-    probe_backbone_dropout: bool = False  # cache the training features with the frozen model in train mode
-    # (dropout on: one draw per block, from the seed, static like the masks), as the reference's backbone ran in its
-    # probe phase; validation features stay dropout-free. Off by default: on the tiny recipe it left the preference
-    # as it was within noise and cost 0.9% probe perplexity (docs/FAITHFULNESS.md); the paper probe recipes set it
+    phase: str = option(
+        "pretrain", "pretrain (phase 1, joint model) | probe (phases 2 and 3, frozen model)",
+        choices=PHASES,
+    )
+    pretrained_model: str | None = option(None, "probe phase: folder of a pretrained two-tower model")
+    probe_chunk_size: int | None = option(
+        None, "positions per chunk of the probes' vocabulary projection",
+        bounds=at_least(1), unset="let the probes choose",
+    )
+    probe_replicas: int = option(
+        1, "probes per tower, each its own initial weights and (mlp) its own data order",
+        bounds=at_least(1, "probes per tower"),
+    )
+    probe_type: str = option(
+        "mlp", "mlp (the paper's probe; AdamW) | linear (softmax regression solved by L-BFGS)",
+        choices=PROBE_TYPES,
+    )
+    probe_feature_cache: str = option(
+        "memory", "memory (on the device) | disk (numpy memmaps under output_dir, removed at the end of the run: for "
+        "caches beyond device memory) | none (recompute the frozen towers over the blocks each step reads, as"
+        " the reference did; with probe_backbone_dropout, new dropout at every read, where a cache keeps one "
+        "draw per block) | auto (memory if the cache fits in half the free device memory, else disk if it "
+        "fits in probe_cache_max_gb, else none; printed with the size before the towers run). Kept in the "
+        "training precision",
+        choices=PROBE_FEATURE_CACHES,
+    )
+    probe_cache_max_gb: float | None = option(
+        None, "auto: the largest disk cache in GB (1e9 bytes), of all processes; None = half the output folder's "
+        "free disk",
+        bounds=above(0, "GB"), unset="allow half the output folder's free disk",
+    )
+    probe_batch_positions: int | None = option(
+        None, "cached positions per probe step and process; None = the positions of per_device_train_batch_size * "
+        "gradient_accumulation_steps blocks, as much data as a step of blocks",
+        bounds=at_least(1), unset="use the positions of a step of blocks",
+    )
+    probe_l2: float = option(
+        1e-3, "linear probes: lambda of the penalty lambda/2 * (||W||^2 + ||b||^2) on the mean NLL; of 1e-4, 1e-3, "
+        "1e-2 and 3e-2 on the tiny model's features, 1e-3 gave the lowest validation loss (1e-4 overfit)",
+        bounds=at_least(0),
+    )
+    probe_tolerance: float = option(
+        1e-4, "linear probes: L-BFGS stops when no gradient entry exceeds it",
+        bounds=above(0),
+    )
+    probe_grad_clipping: str = option(
+        "joint", "joint: max_grad_norm bounds the norm of every probe's gradient together (the tiny recipes', whose "
+        "figures it keeps) | per_probe: each probe's own, so probes trained in one run step as in runs of "
+        "their own, as the reference trained them (the paper recipes)",
+        choices=PROBE_GRAD_CLIPPINGS,
+    )
+    probe_replica_data: str = option(
+        "shared", "shared: every replica reads all the training blocks, each in its own order | disjoint: the blocks "
+        "cut into probe_replicas contiguous slices, replica r (of every tower) reading slice r only, so that "
+        "replicas share no training text (cross-fitting: a preference two such probes agree on is not what "
+        "one slice of text taught them); the slices are equal, a remainder of fewer blocks than replicas "
+        "unread",
+        choices=PROBE_REPLICA_DATA,
+    )
+    probe_backbone_dropout: bool = option(
+        False, "cache the training features with the frozen model in train mode (dropout on: one draw per block, "
+        "from the seed, static like the masks), as the reference's backbone ran in its probe phase; "
+        "validation features stay dropout-free. Off by default: on the tiny recipe it left the preference as "
+        "it was within noise and cost 0.9% probe perplexity (docs/FAITHFULNESS.md); the paper probe recipes "
+        "set it",
+    )
 
     # checkpointing
-    output_dir: str = "outputs/twotower"  # model/ (final), checkpoints/, runs/ (TensorBoard) go here
-    checkpointing_steps: int | None = None  # save_state every N optimizer steps (and at each epoch's end)
-    checkpoints_total_limit: int = 2  # keep only the last K checkpoints
-    resume_from_checkpoint: str | None = None  # "latest" (in output_dir/checkpoints) or a checkpoint folder
-    overwrite_output_dir: bool = False  # a new run in a folder that holds an earlier run removes its checkpoints/,
-    # model/, runs/ and feature cache first (other files stay); without it such a folder is refused
-    allow_config_change: bool = False  # resume although options that change the result (seed, data, model,
-    # schedule, batch...) differ from the checkpoint's, or its data files changed (their sha256 is in each
-    # checkpoint); without it such a resume is refused
+    output_dir: str = option("outputs/twotower", "model/ (final), checkpoints/, runs/ (TensorBoard) go here")
+    checkpointing_steps: int | None = option(
+        None, "save_state every N optimizer steps (and at each epoch's end)",
+        bounds=at_least(1), unset="checkpoint at the end of each epoch only",
+    )
+    checkpoints_total_limit: int = option(2, "keep only the last K checkpoints", bounds=at_least(1, "checkpoints kept"))
+    resume_from_checkpoint: str | None = option(None, "\"latest\" (in output_dir/checkpoints) or a checkpoint folder")
+    overwrite_output_dir: bool = option(
+        False, "a new run in a folder that holds an earlier run removes its checkpoints/, model/, runs/ and feature "
+        "cache first (other files stay); without it such a folder is refused",
+    )
+    allow_config_change: bool = option(
+        False, "resume although options that change the result (seed, data, model, schedule, batch...) differ from "
+        "the checkpoint's, or its data files changed (their sha256 is in each checkpoint); without it such a "
+        "resume is refused",
+    )
 
     # logging
-    logging_steps: int = 10  # optimizer steps between log lines
-    eval_steps: int | None = None  # evaluate every N optimizer steps (and at each epoch's end)
-    report_to: str = "tensorboard"  # accelerate tracker(s), comma-separated: tensorboard, wandb, all, none
-    peak_tflops: float | None = None  # device peak in TFLOP/s for MFU; None = measured with a matmul at start
-    disable_tqdm: bool = False  # hide the progress bar (shown on the main process only)
+    logging_steps: int = option(10, "optimizer steps between log lines", bounds=at_least(1))
+    eval_steps: int | None = option(
+        None, "evaluate every N optimizer steps (and at each epoch's end)",
+        bounds=at_least(1), unset="evaluate at the end of each epoch only",
+    )
+    report_to: str = option("tensorboard", "accelerate tracker(s), comma-separated: tensorboard, wandb, all, none")
+    peak_tflops: float | None = option(
+        None, "device peak in TFLOP/s for MFU; None = measured with a matmul at start",
+        bounds=above(0), unset="measure the device's peak at the start",
+    )
+    disable_tqdm: bool = option(False, "hide the progress bar (shown on the main process only)")
 
     # early stopping on the validation loss: the joint model's (pretrain), the mean over the probes' (probe)
-    early_stopping_patience: int | None = None  # stop after N evaluations in a row without improvement and save
-    # the best evaluation's weights; needs eval_steps; None = off. A resumed run starts counting afresh.
-    early_stopping_threshold: float = 0.0  # minimum decrease of the validation loss that counts as an improvement
-    # (smaller gains are noise: the weights kept are those of the last evaluation that improved by more)
+    early_stopping_patience: int | None = option(
+        None, "stop after N evaluations in a row without improvement and save the best evaluation's weights; needs "
+        "eval_steps; None = off. A resumed run starts counting afresh.",
+        bounds=at_least(1, "evaluations without improvement before stopping"), unset="train without early stopping",
+    )
+    early_stopping_threshold: float = option(
+        0.0, "minimum decrease of the validation loss that counts as an improvement (smaller gains are noise: the "
+        "weights kept are those of the last evaluation that improved by more)",
+        bounds=at_least(0),
+    )
 
     # hub
-    push_to_hub: bool = False  # upload the final model folder with huggingface_hub
-    hub_model_id: str | None = None  # "user/name" of the model repository
-    hub_private_repo: bool = False
+    push_to_hub: bool = option(False, "upload the final model folder with huggingface_hub")
+    hub_model_id: str | None = option(None, "\"user/name\" of the model repository")
+    hub_private_repo: bool = option(False, "create the Hub repository private")
 
     def __post_init__(self):
         """Every option checked now, whichever way it came (command line, recipe, Python), before any long work."""
-        check_types(self)
-        choices = {
-            "phase": PHASES,
-            "model_preset": tuple(PRESETS),
-            "mixed_precision": (None, *MIXED_PRECISIONS),
-            "objective": (None, *OBJECTIVES),
-            "layout": (None, *LAYOUTS),
-            "tower_type": (None, *TOWER_TYPES),
-            "initialization": (None, *INITIALIZATIONS),
-            "probe_type": PROBE_TYPES,
-            "probe_feature_cache": PROBE_FEATURE_CACHES,
-            "lr_scheduler_type": LR_SCHEDULERS,
-            "block_format": BLOCK_FORMATS,
-            "weight_decay_exclude": WEIGHT_DECAY_EXCLUSIONS,
-            "probe_grad_clipping": PROBE_GRAD_CLIPPINGS,
-            "probe_replica_data": PROBE_REPLICA_DATA,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise TwoTowerUserError(f"`{name}` is {getattr(self, name)!r}; choose one of {list(allowed)}.")
+        check_types_and_choices(self)  # their ranges after the checks across options, whose messages say more
         unknown_trackers = [name for name in self.report_to.split(",") if name.strip() not in TRACKERS]
         if unknown_trackers:
             raise TwoTowerUserError(
@@ -288,7 +351,7 @@ class TwoTowerTrainingConfig(DataArguments):
                 "`early_stopping_patience` watches the validation loss: it needs `--eval_steps N` (evaluate every N "
                 "optimizer steps)."
             )
-        check_ranges(self, OPTION_RANGES, UNSET_MEANS)
+        check_ranges(self)
         self._check_model()
         if self.push_to_hub and not self.hub_model_id:
             raise TwoTowerUserError("`--push_to_hub` needs `--hub_model_id user/name`.")
@@ -342,11 +405,7 @@ class TwoTowerTrainingConfig(DataArguments):
             model_config = TwoTowerConfig.from_preset(self.model_preset, **self.model_overrides())
         except ValueError as error:
             raise TwoTowerUserError(f"{error} (model options over --model_preset {self.model_preset})") from error
-        if self.block_size > model_config.max_position_embeddings:
-            raise TwoTowerUserError(
-                f"--block_size {self.block_size} exceeds the model's max_position_embeddings "
-                f"({model_config.max_position_embeddings}); lower --block_size or raise --max_position_embeddings."
-            )
+        self.check_block_size(model_config, " or raise --max_position_embeddings")
         if self.sparse_prediction and self.objective != "masked":
             raise TwoTowerUserError(
                 f"--sparse_prediction predicts masked positions only; the objective is {self.objective or 'causal'}, "
@@ -433,11 +492,11 @@ def _read_extended_recipe(recipe: str, config_class, recipes_dir: Path, chain: t
 
 def load_config(recipe_path: str | None = None, cli_args: list[str] | None = None) -> TwoTowerTrainingConfig:
     """Defaults < recipe (YAML) < command line (`--key value`); returns the resolved config."""
-    parser = HfArgumentParser(TwoTowerTrainingConfig)
-    if recipe_path is not None:
-        values = convert_recipe_values(parser, read_recipe(recipe_path), recipe_path)
-        parser.set_defaults(**{**values, "recipe": recipe_path})  # a saved config names the recipe it came from
-    (config,) = parse_command_line(parser, cli_args or [])
+    defaults = {}
+    if recipe_path is not None:  # a saved config names the recipe it came from
+        values = convert_values(TwoTowerTrainingConfig, read_recipe(recipe_path), recipe_path)
+        defaults = {**values, "recipe": recipe_path}
+    (config,) = OptionsParser(TwoTowerTrainingConfig).parse(cli_args or [], defaults)
     return config
 
 

@@ -1,6 +1,6 @@
 """
 What a launch gives a run, checked before any long work: one source of mixed precision and every launched process
-seen by Accelerate (the distributed types a phase can train under are the phase's to check: phases.py).
+seen by Accelerate (the distributed types a phase can train under are the phase's to check: training/phases/).
 """
 
 import os

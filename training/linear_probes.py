@@ -16,6 +16,8 @@ from accelerate.utils import DistributedType
 
 from .probe_cache import process_counts
 
+LBFGS_HISTORY = 10  # pairs of past steps L-BFGS keeps (scipy's default; torch's is 100)
+
 
 def check_linear_probes_fit(accelerator) -> None:
     """L-BFGS needs the whole gradient on every process and a closure: DDP or one process, no fp16 loss scaling."""
@@ -39,7 +41,7 @@ def make_lbfgs(trained: torch.nn.Module, tolerance: float) -> torch.optim.LBFGS:
     """
     return torch.optim.LBFGS(
         trained.parameters(), lr=1.0, max_iter=1, max_eval=26, tolerance_grad=tolerance, tolerance_change=0.0,
-        history_size=10, line_search_fn="strong_wolfe",
+        history_size=LBFGS_HISTORY, line_search_fn="strong_wolfe",
     )
 
 

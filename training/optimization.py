@@ -5,35 +5,42 @@ import contextlib
 import torch
 from accelerate.utils import DistributedType
 from torch import nn
+from transformers.trainer_pt_utils import get_parameter_names
 
 from .arguments import TwoTowerTrainingConfig
 from .utils.errors import TwoTowerUserError
 from .objectives import prediction_targets
 
 
+# the parameters AdamW does not decay, by --weight_decay_exclude, as patterns of their lowercased names (Trainer's
+# get_decay_parameter_names does the same): a bias (LSTM: bias_ih_l0), a parameter of a module named *norm*, one of
+# such a module inside the towers' layers (model.towers.layers.<depth>...)
+BIAS = r"(?:^|\.)bias[^.]*$"
+NORM = r"(?:^|\.)[^.]*norm[^.]*\.[^.]+$"
+TOWER_LAYER_NORM = r"(?:^|\.)layers\.(?:.*\.)?[^.]*norm[^.]*\.[^.]+$"
+NOT_DECAYED = {"norms_and_biases": [NORM, BIAS], "tower_norms_and_biases": [TOWER_LAYER_NORM, BIAS], "none": []}
+ADAM_MOMENTS = 2  # AdamW keeps two tensors the size of the trained parameters
+EXCLUSION_WORDS = {
+    "norms_and_biases": "not on norms and biases",
+    "tower_norms_and_biases": "not on biases and the towers' LayerNorms",
+    "none": "on every parameter",
+}
+
+
 def weight_decay_groups(module: nn.Module, weight_decay: float, exclude: str = "norms_and_biases") -> list[dict]:
     """
-    AdamW groups [decayed, not decayed]. `exclude` names the parameters not decayed: norms_and_biases (every norm
-    and bias), tower_norms_and_biases (the reference BERT's, ttlm/model.py prepare_optimizer_parameters: every bias
-    and the norms inside the towers' layers; the embedding, fusion and probe norms decay) or none (the reference
-    GPT's and ELMo's, which give DeepSpeed every parameter with one weight decay).
+    AdamW groups [decayed, not decayed] of the trainable parameters, in `named_parameters` order (a tied weight
+    once). `exclude` names the parameters not decayed: norms_and_biases (every norm and bias),
+    tower_norms_and_biases (the reference BERT's, ttlm/model.py prepare_optimizer_parameters: every bias and the
+    norms inside the towers' layers; the embedding, fusion and probe norms decay) or none (the reference GPT's and
+    ELMo's, which give DeepSpeed every parameter with one weight decay).
     """
-    decay, no_decay, seen = [], [], set()
-    for module_name, submodule in module.named_modules():
-        is_norm = "norm" in module_name.rsplit(".", 1)[-1].lower()
-        in_tower_layer = ".layers." in f".{module_name}."  # model.towers.layers.<depth>...: the towers' transformer layers
-        for name, param in submodule.named_parameters(recurse=False):
-            if not param.requires_grad or id(param) in seen:  # tied weights appear under two modules
-                continue
-            seen.add(id(param))
-            is_bias = name.startswith("bias")  # LSTM: bias_ih_l0
-            excluded = {
-                "norms_and_biases": is_norm or is_bias,
-                "tower_norms_and_biases": (is_norm and in_tower_layer) or is_bias,
-                "none": False,
-            }[exclude]
-            (no_decay if excluded else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    decayed = set(get_parameter_names(module, [], NOT_DECAYED[exclude]))
+    trainable = [(name, param) for name, param in module.named_parameters() if param.requires_grad]
+    return [
+        {"params": [param for name, param in trainable if name in decayed], "weight_decay": weight_decay},
+        {"params": [param for name, param in trainable if name not in decayed], "weight_decay": 0.0},
+    ]
 
 
 def make_adamw(config: TwoTowerTrainingConfig, trained: nn.Module) -> torch.optim.AdamW:
@@ -43,6 +50,16 @@ def make_adamw(config: TwoTowerTrainingConfig, trained: nn.Module) -> torch.opti
         lr=config.learning_rate,
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
+    )
+
+
+def adamw_description(config: TwoTowerTrainingConfig, clipping: str = "") -> str:
+    """make_adamw's optimizer in words, with the gradient clipping (`clipping`: how it applies, e.g. " per probe")."""
+    clip = f"gradient clipping {config.max_grad_norm:g}{clipping}" if config.max_grad_norm else "no gradient clipping"
+    return (
+        f"AdamW, learning rate {config.learning_rate:g}, betas ({config.adam_beta1:g}, {config.adam_beta2:g}), eps "
+        f"{config.adam_epsilon:g}, weight decay {config.weight_decay:g} ({EXCLUSION_WORDS[config.weight_decay_exclude]}"
+        f"), {clip}"
     )
 
 

@@ -16,15 +16,12 @@ Recomputed (`none`), a block keeps its epoch-0 masks but its dropout is drawn af
 was. Features are kept in the training precision (bf16 or fp16 under mixed precision, else float32) and read back
 as float32, so every mode gives the probes the same numbers.
 
-Each process holds its own contiguous share of the blocks (no block twice, so summed metrics are exact). Probe steps
-read, for each replica, the predicted positions of its blocks in an order of the blocks drawn from (seed, epoch,
-replica), positions_per_step at a time: a block-based order that recomputing can follow as well as a cache.
+Each process holds its own contiguous share of the blocks (no block twice, so summed metrics are exact); which of
+them each probe replica reads, in which order, is the probe phase's (phases/replica_sampling.py).
 """
 
 import contextlib
 import hashlib
-import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +33,7 @@ from torch.utils.data import DataLoader
 
 from .data import collate_blocks
 from .feature_cache_checks import ShardWatch, ShardWriter, build_verified, explicit_cache_note, map_shard
+from .utils.atomic import free_bytes, readable_bytes
 from .utils.errors import TwoTowerUserError
 from .objectives import predicting_positions, prediction_targets, target_shift
 
@@ -270,14 +268,6 @@ def backbone_dropout(model, seed: int, device: torch.device):
                 module.training = training
 
 
-def format_bytes(num_bytes: float) -> str:
-    """Decimal units, as disks are sold: 158.9 GB."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if num_bytes >= size:
-            return f"{num_bytes / size:.1f} {unit}"
-    return f"{num_bytes:.0f} B"
-
-
 @dataclass
 class FeatureCachePlan:
     choice: str  # memory | disk | none: where the probes' features come from
@@ -297,16 +287,16 @@ def plan_feature_cache(
     """
     cache_bytes = (train_positions + validation_positions) * num_towers * hidden_size * dtype.itemsize
     size = (f"Probe features: {num_towers} x {hidden_size} {DTYPE_NAMES[dtype]} per position, {train_positions:,} "
-            f"training + {validation_positions:,} validation positions = {format_bytes(cache_bytes)}")  # fmt: skip
+            f"training + {validation_positions:,} validation positions = {readable_bytes(cache_bytes)}")  # fmt: skip
     if requested != "auto":
         note = explicit_cache_note(requested, cache_bytes, size, free_memory_bytes, free_disk_bytes, probe_cache_max_gb)
         return FeatureCachePlan(requested, cache_bytes, f"{size}: {ACTIONS[requested]} (--probe_feature_cache "
                                                         f"{requested}){note}")  # fmt: skip
     memory_budget = MEMORY_SHARE * free_memory_bytes
-    memory = f"{format_bytes(memory_budget)}, half the free memory"
+    memory = f"{readable_bytes(memory_budget)}, half the free memory"
     if probe_cache_max_gb is None:
         disk_budget = DISK_SHARE * free_disk_bytes
-        disk = f"{format_bytes(disk_budget)}, half the output folder's free disk"
+        disk = f"{readable_bytes(disk_budget)}, half the output folder's free disk"
     else:
         disk_budget, disk = probe_cache_max_gb * 1e9, f"--probe_cache_max_gb {float(probe_cache_max_gb)}"
     if cache_bytes <= memory_budget:
@@ -333,10 +323,7 @@ def free_memory_bytes(accelerator) -> int:
 
 def free_disk_bytes(accelerator, output_dir: str) -> int:
     """The free disk of the output folder (or of its nearest existing parent), the least any process sees."""
-    folder = Path(output_dir).resolve()
-    while not folder.exists():
-        folder = folder.parent
-    return min(process_counts(accelerator, shutil.disk_usage(folder).free))
+    return min(process_counts(accelerator, free_bytes(Path(output_dir).resolve())))
 
 
 def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str, config) -> dict:
@@ -383,75 +370,3 @@ def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str
         f"validation positions ({plan.choice}) in {time.perf_counter() - start:.1f} s"
     )
     return caches
-
-
-def batch_positions(accelerator, cache, config) -> int:
-    """
-    Positions per probe step and process: as given, or those of a step of blocks (per_device x accumulation) on
-    average; `cache` a FeatureCache or FrozenTowerFeatures.
-    """
-    if config.probe_batch_positions is not None:
-        return config.probe_batch_positions
-    blocks_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-    positions, blocks = sum(process_counts(accelerator, len(cache))), sum(process_counts(accelerator, cache.num_blocks))
-    return math.ceil(blocks_per_step * positions / blocks)
-
-
-def replica_orders(seed: int, epoch: int, num_replicas: int, num_blocks: int, disjoint: bool = False) -> torch.LongTensor:
-    """
-    Each replica's order of the blocks (of this process's share) in `epoch`, [replicas, blocks]: replica r's is a
-    permutation drawn from (seed, epoch, r), so it differs between replicas and epochs and is shared by every tower's
-    replica r. Disjoint: replica r orders only its slice, the r-th of `num_replicas` equal contiguous runs of the
-    blocks ([replicas, num_blocks // num_replicas]; the last num_blocks % num_replicas blocks are read by none).
-    """
-    if not disjoint:
-        rows = [np.random.default_rng((seed, epoch, replica)).permutation(num_blocks) for replica in range(num_replicas)]
-        return torch.from_numpy(np.stack(rows))
-    slice_blocks = num_blocks // num_replicas
-    if slice_blocks == 0:
-        raise TwoTowerUserError(
-            f"--probe_replica_data disjoint cuts {num_blocks} training blocks (of this process) into "
-            f"{num_replicas} slices, one a replica; give each at least one: raise --max_train_blocks or use fewer "
-            "--probe_replicas."
-        )
-    rows = [replica * slice_blocks + np.random.default_rng((seed, epoch, replica)).permutation(slice_blocks)
-            for replica in range(num_replicas)]
-    return torch.from_numpy(np.stack(rows))
-
-
-def stream_lengths(orders: torch.LongTensor, block_starts: torch.LongTensor) -> torch.LongTensor:
-    """Each replica's positions in an epoch, [replicas]: those of the blocks it orders."""
-    counts = block_starts[1:] - block_starts[:-1]  # [blocks]
-    return counts[orders].sum(dim=1)
-
-
-def _stream_slice(order: torch.LongTensor, block_starts: torch.LongTensor, start: int, end: int) -> torch.LongTensor:
-    """Rows [start, end) of the stream of every block's rows, the blocks in `order`."""
-    counts = (block_starts[1:] - block_starts[:-1])[order]  # [blocks], in order
-    ends = counts.cumsum(0)  # where each block's rows end in the stream
-    first, last = (int(torch.searchsorted(ends, row, right=True)) for row in (start, end - 1))
-    blocks, lengths = order[first : last + 1], counts[first : last + 1]
-    # each block's rows in turn: block_starts[b], block_starts[b] + 1, ...
-    rows = torch.repeat_interleave(block_starts[blocks] - (lengths.cumsum(0) - lengths), lengths)
-    rows += torch.arange(len(rows))
-    skip = start - (int(ends[first - 1]) if first > 0 else 0)
-    return rows[skip : skip + end - start]
-
-
-def step_positions(
-    orders: torch.LongTensor, step: int, steps_per_epoch: int, positions_per_step: int,
-    block_starts: torch.LongTensor | None = None,
-) -> torch.LongTensor:
-    """
-    Each replica's rows for `step` of an epoch, [replicas, n]: the next `positions_per_step` of its stream, the
-    predicted positions of its blocks in its order of them (`orders` [replicas, blocks], `block_starts` [blocks + 1];
-    without them every position is a block of its own). The epoch's last step takes all that is left of the
-    shortest stream, so that every replica takes as many positions (replicas ordering the same blocks have streams
-    of one length; disjoint slices may differ by a few masked positions).
-    """
-    if block_starts is None:
-        block_starts = torch.arange(int(orders.max()) + 2)
-    start = step * positions_per_step
-    last = step == steps_per_epoch - 1
-    end = int(stream_lengths(orders, block_starts).min()) if last else start + positions_per_step
-    return torch.stack([_stream_slice(order, block_starts, start, end) for order in orders])

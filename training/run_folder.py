@@ -16,7 +16,6 @@ import socket
 import tempfile
 from pathlib import Path
 
-import torch
 
 from .arguments import TwoTowerTrainingConfig
 from .checkpointing import (
@@ -36,7 +35,6 @@ from .utils.errors import TwoTowerUserError
 RUNS_DIR = "runs"  # the trackers' logs (TensorBoard) and EVAL_HISTORY
 EVAL_HISTORY = "eval_history.jsonl"  # every evaluation of the run: {"step", metric: value, ...} a line
 RUN_OUTPUTS = (CHECKPOINTS_DIR, FINAL_MODEL_DIR, RUNS_DIR, CACHE_DIR)  # what a run writes; anything else is the user's
-ADAM_MOMENTS = 2  # AdamW keeps two tensors the size of the trained parameters
 LOCK_NAME = ".run.lock"
 HOLDER_NAME = ".run.lock.pid"  # beside the lock: the PID and host of the run holding it
 
@@ -209,14 +207,11 @@ def _num_bytes(tensors) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in unique.values())
 
 
-def run_disk_bytes(model, trained, optimizer) -> tuple[int, int]:
+def run_disk_bytes(model, trained, state_copies: int) -> tuple[int, int]:
     """
-    Bytes of one checkpoint (the trained module's weights, then the optimizer's state: Adam's two moments, or
-    L-BFGS's history of 2 x history_size copies and 2 more) and of the final model, from the parameters.
+    Bytes of one checkpoint (the trained module's weights, then the optimizer's state: `state_copies` copies of the
+    trainable parameters, as the phase's optimizer_state_copies says) and of the final model, from the parameters.
     """
-    state_copies = ADAM_MOMENTS
-    if isinstance(optimizer, torch.optim.LBFGS):
-        state_copies = 2 * optimizer.defaults["history_size"] + 2
     trainable = _num_bytes(param for param in trained.parameters() if param.requires_grad)
     checkpoint_bytes = _num_bytes(trained.state_dict().values()) + state_copies * trainable
     return checkpoint_bytes, _num_bytes(model.state_dict().values())

@@ -47,7 +47,10 @@ def get_datasets(
 
 @dataclass
 class TrainingRun:
-    """What the loop reads, built once by prepare_run: the prepared objects, the step counts, where to start."""
+    """
+    What the loop reads, built once by prepare_run: the prepared objects, the step counts, where to start. What only
+    one phase uses (dataloaders, feature caches, its optimizer and loss) the phase holds.
+    """
 
     config: TwoTowerTrainingConfig
     phase: TrainingPhase
@@ -56,20 +59,12 @@ class TrainingRun:
     tokenizer: PreTrainedTokenizerBase
     model: torch.nn.Module  # the whole model, unwrapped (frozen in the probe phase)
     trained: torch.nn.Module  # what the optimizer steps, prepared: the model (pretrain) or its probes (probe)
-    optimizer: torch.optim.Optimizer
     lr_scheduler: object
-    loss_function: object
     steps_per_epoch: int
     units_per_epoch: int  # what an epoch holds for this process: batches (pretrain) or probe steps (probe)
     max_train_steps: int
-    eval_chunk: int  # cached positions per validation chunk, as many as in a batch of blocks
-    caches: dict | None = None  # probe phase: the frozen towers' features, "train" and "validation" (cached or not)
-    positions_per_step: int | None = None  # mlp probes: positions per step and process
-    train_dataloader: object = None  # pretrain phase
-    eval_dataloader: object = None
     train_flops_per_token: float = 0.0
     peak_flops: float = 0.0
-    tokens_per_batch: int = 0  # tokens of one micro-batch over all processes
     resumed_steps: int = 0  # where the loop starts: steps taken, epoch, and units of that epoch already taken
     starting_epoch: int = 0
     units_to_skip: int = 0
@@ -92,12 +87,12 @@ def prepare_run(config: TwoTowerTrainingConfig, phase: TrainingPhase, accelerato
     trained = phase.trained_module(model, accelerator.device)
     configure_fsdp(accelerator, trained)  # before the optimizer, which must hold the tower stacks' sharded weights
     optimizer = phase.make_optimizer(trained)
-    plan = phase.plan_epochs(accelerator, model, lm_datasets, collators, objective)
-    max_train_steps = config.max_train_steps or config.num_train_epochs * plan["steps_per_epoch"]
-    # The disk must hold the checkpoints this run takes and the model (once the plan knows the epochs' steps)
-    checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, optimizer)
+    steps_per_epoch, units_per_epoch = phase.build_data(accelerator, model, lm_datasets, collators, objective)
+    max_train_steps = config.max_train_steps or config.num_train_epochs * steps_per_epoch
+    # The disk must hold the checkpoints this run takes and the model (once the phase knows the epochs' steps)
+    checkpoint_bytes, model_bytes = run_disk_bytes(model, trained, phase.optimizer_state_copies)
     first_step = 0 if resume_checkpoint is None else read_progress(resume_checkpoint)["completed_steps"]
-    checkpoints = checkpoints_written(first_step, max_train_steps, config.checkpointing_steps, plan["steps_per_epoch"],
+    checkpoints = checkpoints_written(first_step, max_train_steps, config.checkpointing_steps, steps_per_epoch,
                                       phase.checkpoints_every_epoch)
     on_main_process(accelerator, lambda: check_free_space(
         config.output_dir, checkpoint_bytes, model_bytes, config.checkpoints_total_limit, checkpoints
@@ -108,12 +103,9 @@ def prepare_run(config: TwoTowerTrainingConfig, phase: TrainingPhase, accelerato
         num_warmup_steps=config.num_warmup_steps * accelerator.num_processes,
         num_training_steps=max_train_steps * accelerator.num_processes,
     )
-    trained, optimizer, lr_scheduler = phase.prepare(accelerator, trained, optimizer, lr_scheduler, plan)
-    run = TrainingRun(
-        config, phase, accelerator, objective, tokenizer, model, trained, optimizer, lr_scheduler,
-        phase.loss_function(trained), max_train_steps=max_train_steps,
-        eval_chunk=config.per_device_eval_batch_size * config.block_size, **plan,
-    )
+    trained, lr_scheduler = phase.prepare(accelerator, trained, lr_scheduler)
+    run = TrainingRun(config, phase, accelerator, objective, tokenizer, model, trained, lr_scheduler,
+                      steps_per_epoch, units_per_epoch, max_train_steps)
     start_accounting(run)
     if resume_checkpoint is not None:
         resume(run, resume_checkpoint)
@@ -128,7 +120,6 @@ def start_accounting(run: TrainingRun) -> None:
     matmul_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
     run.peak_flops, peak_source = resolve_peak_flops(accelerator.device, matmul_dtype, config.peak_tflops)
     accelerator.print(f"MFU peak: {run.peak_flops / 1e12:.3g} TFLOP/s per device ({peak_source})")
-    run.tokens_per_batch = config.per_device_train_batch_size * config.block_size * accelerator.num_processes
 
 
 def resume(run: TrainingRun, checkpoint: Path) -> None:

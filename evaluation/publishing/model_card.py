@@ -77,12 +77,11 @@ def describe_family(model_config: dict) -> dict:
 
 
 def phase_config(training_config: dict) -> dict:
-    """One phase's resolved training config as the card reads it: data paths cut short, defaults of older configs."""
+    """One phase's resolved training config and records (`optimizer`) as the card reads them: data paths cut short."""
     config = dict(training_config)
     for key in DATA_PATH_KEYS:
         if config.get(key):
             config[key] = short_path(config[key])
-    config.setdefault("weight_decay_exclude", "norms_and_biases")  # older configs: norms and biases spared
     return config
 
 

@@ -1,11 +1,13 @@
 """Check and read a saved model folder: its required files, safetensors weights, configs and parameter counts."""
 
 import json
+import math
 from pathlib import Path
 
 import yaml
 from safetensors import safe_open
 
+from modeling_twotower.checkpoint_checks import read_weight_shapes
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from twotower.training.loading import check_weight_files
 from twotower.training.utils.errors import TwoTowerUserError
@@ -68,18 +70,9 @@ def check_model_folder(model_dir: Path) -> dict:
 
 def count_parameters(weight_files: list[Path]) -> tuple[int, int]:
     """(joint model, probes) parameter counts, read from the safetensors headers (tied weights are stored once)."""
-    joint, probes = 0, 0
-    for path in weight_files:
-        with safe_open(path, framework="pt") as weights:
-            for name in weights.keys():
-                numel = 1
-                for size in weights.get_slice(name).get_shape():
-                    numel *= size
-                if name.startswith("probes."):
-                    probes += numel
-                else:
-                    joint += numel
-    return joint, probes
+    counts = {name: math.prod(shape) for name, (shape, _) in read_weight_shapes(weight_files).items()}
+    probes = sum(count for name, count in counts.items() if name.startswith("probes."))
+    return sum(counts.values()) - probes, probes
 
 
 def find_pretrain_config(training_config: dict) -> Path | None:

@@ -32,11 +32,10 @@ import numpy as np
 import torch
 from datasets import DatasetDict
 from torch.utils.data import DataLoader
-from transformers import HfArgumentParser
 
-from twotower.training.arguments import DATA_OPTION_RANGES, DATA_UNSET_MEANS, DataArguments
+from twotower.training.arguments import DataArguments
 from twotower.training.utils.cli import run
-from twotower.training.utils.options import check_ranges, check_types, parse_command_line
+from twotower.training.utils.options import Bounds, OptionsParser, at_least, check_options, option
 from twotower.training.data import (
     BLOCK_FORMATS,
     collate_blocks,
@@ -81,77 +80,89 @@ SETTINGS_FIELDS = (
     "batch_size", "probe_chunk_size", "dtype", "alpha", "min_count", "top_k", "center", "pair_replicas",
     "ablation", "document_pattern", "parts_of_speech",
 )
-# the allowed range of every bounded option (see twotower.training.utils.options.check_ranges); None is unset
-SCORING_RANGES = {
-    **DATA_OPTION_RANGES,
-    "probe_chunk_size": (lambda v: v >= 1, ">= 1"),
-    "max_blocks": (lambda v: v >= 1, ">= 1"),
-    "mask_passes": (lambda v: v >= 1, ">= 1"),
-    "batch_size": (lambda v: v >= 1, ">= 1"),
-    "alpha": (lambda v: 0 < v < 1, "in (0, 1) (a false discovery rate, e.g. 0.05)"),
-    "min_count": (lambda v: v >= 2, ">= 2 (a standard error needs 2 occurrences)"),
-    "top_k": (lambda v: v >= 0, ">= 0"),
-    "token_view_blocks": (lambda v: v >= 0, ">= 0 (0 writes no token view)"),
-}
-SCORING_UNSET_MEANS = {
-    **DATA_UNSET_MEANS,
-    "max_blocks": "score every block",
-    "probe_chunk_size": "let the probes choose",
-}
-
-
 # keyword-only: the required I/O fields follow DataArguments' fields, which have defaults
 @dataclass(kw_only=True)
 class ScoringArguments(DataArguments):
     # I/O
-    model_dir: str  # folder of a two-tower model with trained probes (a probe run's OUTPUT_DIR/model)
-    output_dir: str  # the report folder to write
+    model_dir: str = option(help="folder of a two-tower model with trained probes (a probe run's OUTPUT_DIR/model)")
+    output_dir: str = option(help="the report folder to write")
 
     # data: DataArguments' fields (the training command's, so the same flags select the same blocks); here the block
     # format defaults to the model's, and the fields below choose which blocks to score
-    block_format: str | None = None  # contiguous | sentence_pairs; None: the model's (its training_config.yaml)
-    split: str = "validation"  # validation | train: which blocks to score
-    max_blocks: int | None = None  # score only the first N blocks of the split; None = all
-    spread_blocks: bool = False  # with max_blocks: N blocks evenly spaced over the split instead of the first N
-    # (the first N of a folder of texts would all come from its first file)
+    block_format: str | None = option(
+        None, "contiguous | sentence_pairs; None: the model's (its training_config.yaml)",
+        choices=(None, *BLOCK_FORMATS),
+    )
+    split: str = option("validation", "validation | train: which blocks to score", choices=SPLITS)
+    max_blocks: int | None = option(
+        None, "score only the first N blocks of the split; None = all",
+        bounds=at_least(1), unset="score every block",
+    )
+    spread_blocks: bool = option(
+        False, "with max_blocks: N blocks evenly spaced over the split instead of the first N (the first N of a "
+        "folder of texts would all come from its first file)",
+    )
 
     # masked LMs (transformer towers)
-    mask_passes: int = DEFAULT_MASK_PASSES  # pass k masks positions p with p % mask_passes == k: each token once
+    mask_passes: int = option(
+        DEFAULT_MASK_PASSES, "pass k masks positions p with p % mask_passes == k: each token once",
+        bounds=at_least(1),
+    )
 
     # compute
-    batch_size: int = 32  # sequences per forward pass
-    probe_chunk_size: int | None = None  # positions per chunk of the probes' vocabulary projection; None = auto
-    dtype: str = "float32"  # float32 | bfloat16 | float16: the model's weights (log-probs are float32 either way)
-    cpu: bool = False  # score on CPU even when a GPU is present
-    disable_tqdm: bool = False
+    batch_size: int = option(32, "sequences per forward pass", bounds=at_least(1))
+    probe_chunk_size: int | None = option(
+        None, "positions per chunk of the probes' vocabulary projection; None = auto",
+        bounds=at_least(1), unset="let the probes choose",
+    )
+    dtype: str = option(
+        "float32", "float32 | bfloat16 | float16: the model's weights (log-probs are float32 either way)",
+        choices=tuple(DTYPES),
+    )
+    cpu: bool = option(False, "score on CPU even when a GPU is present")
+    disable_tqdm: bool = option(False, "hide the progress bar")
 
     # statistics
-    alpha: float = 0.05  # false discovery rate of Benjamini-Hochberg
-    min_count: int = 10  # token types seen fewer times are excluded from shares, significance and consistency
-    top_k: int = 20  # top tokens listed per tower
-    token_view_blocks: int = 8  # blocks shown in tokens.html, each token coloured by its type's preference (recorded
-    # during the one scoring pass, so the page stays small whatever the data); 0 writes no token view
-    center: bool = False  # subtract the global offset (one tower better overall) before testing each type; see
-    # global_offset_nats in the summary and the tower_preference metric card
-    pair_replicas: bool = True  # probe replicas: replica r of every tower was trained on the same data order
-    # (the probe phase does this), so the test pairs them; False compares independent replica means
-    ablation: bool = True  # the mean-ablation preference beside the probes' (scoring/ablation.py): one more
-    # pass of the towers and one of the joint head per tower
-    document_pattern: str | None = WIKITEXT_ARTICLE_HEADING  # cross-fitting: a line matching it starts a new
-    # document, as does every file of the text; alternate documents form the two halves (scoring/cross_fitting.py)
-    parts_of_speech: bool = True  # tag the scored text (spaCy: `pip install "twotower[pos]"`) for the preference per
-    # part of speech and the function/content contrast (scoring/parts_of_speech_report.py); without spaCy,
-    # report.md says how to get them
+    alpha: float = option(
+        0.05, "false discovery rate of Benjamini-Hochberg",
+        bounds=Bounds(0, 1, low_open=True, high_open=True, note="a false discovery rate, e.g. 0.05"),
+    )
+    min_count: int = option(
+        10, "token types seen fewer times are excluded from shares, significance and consistency",
+        bounds=at_least(2, "a standard error needs 2 occurrences"),
+    )
+    top_k: int = option(20, "top tokens listed per tower", bounds=at_least(0))
+    token_view_blocks: int = option(
+        8, "blocks shown in tokens.html, each token coloured by its type's preference (recorded during the one "
+        "scoring pass, so the page stays small whatever the data); 0 writes no token view",
+        bounds=at_least(0, "0 writes no token view"),
+    )
+    center: bool = option(
+        False, "subtract the global offset (one tower better overall) before testing each type; see "
+        "global_offset_nats in the summary and the tower_preference metric card",
+    )
+    pair_replicas: bool = option(
+        True, "probe replicas: replica r of every tower was trained on the same data order (the probe phase does "
+        "this), so the test pairs them; False compares independent replica means",
+    )
+    ablation: bool = option(
+        True, "the mean-ablation preference beside the probes' (scoring/ablation.py): one more pass of the "
+        "towers and one of the joint head per tower",
+    )
+    document_pattern: str | None = option(
+        WIKITEXT_ARTICLE_HEADING,
+        "cross-fitting: a line matching it starts a new document, as does every file of the text; alternate "
+        "documents form the two halves (scoring/cross_fitting.py)",
+    )
+    parts_of_speech: bool = option(
+        True, "tag the scored text (spaCy: `pip install \"twotower[pos]\"`) for the preference per part of speech "
+        "and the function/content contrast (scoring/parts_of_speech_report.py); without spaCy, report.md says how "
+        "to get them",
+    )
 
     def __post_init__(self):
         """Every option checked now, before the model runs over the data."""
-        check_types(self)
-        if self.split not in SPLITS:
-            raise TwoTowerUserError(f"`split` is {self.split!r}; choose one of {list(SPLITS)}.")
-        if self.block_format not in (None, *BLOCK_FORMATS):
-            raise TwoTowerUserError(f"`block_format` is {self.block_format!r}; choose one of {list(BLOCK_FORMATS)}.")
-        if self.dtype not in DTYPES:
-            raise TwoTowerUserError(f"`dtype` is {self.dtype!r}; choose one of {list(DTYPES)}.")
+        check_options(self)
         if self.document_pattern is not None:
             try:
                 re.compile(self.document_pattern)
@@ -160,7 +171,6 @@ class ScoringArguments(DataArguments):
                     f"`document_pattern` {self.document_pattern!r} is not a regular expression ({error}); pass one "
                     "that matches the line starting a document, e.g. WikiText's article heading '^ = [^=].* = $'."
                 ) from error
-        check_ranges(self, SCORING_RANGES, SCORING_UNSET_MEANS)
 
 
 def check_output_dir(output_dir, model_dir):
@@ -469,7 +479,7 @@ def _number(value):
 
 
 def main(argv=None):
-    (args,) = parse_command_line(HfArgumentParser(ScoringArguments), argv)
+    (args,) = OptionsParser(ScoringArguments).parse(argv)
     report = score_model(**dataclasses.asdict(args))
     print(f"Wrote {args.output_dir}: {summary_line(report, args.center)}")
     return report

@@ -42,11 +42,11 @@ def free_bytes(folder: str | os.PathLike) -> int:
 
 
 def readable_bytes(num_bytes: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if num_bytes < 1000:
-            return f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1000
-    return f"{num_bytes:.1f} TB"
+    """Decimal units, as disks are sold: 158.9 GB."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= size:
+            return f"{num_bytes / size:.1f} {unit}"
+    return f"{num_bytes:.0f} B"
 
 
 def disk_full_error(
