@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .utils.atomic import readable_bytes
 from .utils.errors import TwoTowerUserError
 
 CHECKSUM_SUFFIX = ".sha256"
@@ -31,19 +32,17 @@ def explicit_cache_note(requested: str, cache_bytes: int, size: str, free_memory
     folder's free disk) or a memory cache over the free memory is refused; otherwise what the budget said, for the
     plan's message ("" when there is nothing to say).
     """
-    from .probe_cache import format_bytes  # the cache's own module imports this one
-
     fixes = ("train on fewer blocks (--max_train_blocks), or pass --probe_feature_cache auto (which chooses by the "
              "budgets) or none (recompute the frozen towers every step)")
     if requested == "disk":
         budget, named = ((max_gb * 1e9, f"--probe_cache_max_gb {float(max_gb)}") if max_gb is not None else
-                         (free_disk, f"{format_bytes(free_disk)}, the output folder's free disk"))  # fmt: skip
+                         (free_disk, f"{readable_bytes(free_disk)}, the output folder's free disk"))  # fmt: skip
         if cache_bytes > budget:
             raise TwoTowerUserError(f"{size} > {named}: --probe_feature_cache disk does not fit its budget; raise "
                                     f"--probe_cache_max_gb or free disk, {fixes}.")  # fmt: skip
         return f" (<= {named})"
     if requested == "memory" and cache_bytes > free_memory:
-        raise TwoTowerUserError(f"{size} > {format_bytes(free_memory)}, the free memory: --probe_feature_cache memory "
+        raise TwoTowerUserError(f"{size} > {readable_bytes(free_memory)}, the free memory: --probe_feature_cache memory "
                                 f"does not fit; pass --probe_feature_cache disk, {fixes}.")  # fmt: skip
     if max_gb is not None:  # memory or none: the disk budget bounds nothing here
         return f" (--probe_cache_max_gb bounds a disk cache only: not applied to --probe_feature_cache {requested})"
