@@ -6,6 +6,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-python>=1.10"]
+INTERP_REQUIRES = ["nnsight>=0.8.1,<0.9"]  # docs/interpretability.md
 
 
 class BuildPyWithModelCard(build_py):
@@ -66,12 +67,14 @@ setup(
     extras_require={
         "lm-eval": ["lm-eval>=0.4.13,<0.5"],
         "docs": DOCS_REQUIRES,
+        "interp": INTERP_REQUIRES,
         # accelerate_configs/deepspeed_zero2.yaml. An sdist whose build imports torch: install it with
         # `DS_BUILD_OPS=0 pip install --no-build-isolation` (scripts/install.sh), hence not in "test"
         "deepspeed": ["deepspeed>=0.15"],
         # the suite builds the docs site, and opens the token view and the metric's Space in Chromium (Playwright
-        # drives the system's Chromium: .ci/run installs Debian's package)
-        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "gradio==6.31.0", *DOCS_REQUIRES],
+        # drives the system's Chromium: .ci/run installs Debian's package), and runs the nnsight examples
+        "test": ["pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "gradio==6.31.0", *DOCS_REQUIRES,
+                 *INTERP_REQUIRES],
     },
     classifiers=[
         "Programming Language :: Python :: 3",
