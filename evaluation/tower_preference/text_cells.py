@@ -13,14 +13,36 @@ SPACE_MARK, NEWLINE_MARK, TAB_MARK = "\u2423", "\u23ce", "\u21e5"  # ␣ ⏎ ⇥
 BYTE_OF_CHARACTER = {character: byte for byte, character in bytes_to_unicode().items()}  # byte-level BPE alphabet
 
 
+CONTEXT_TOKENS = 8  # tokens decoded before a cell: what WordPiece's spacing and byte-level pieces depend on
+
+
 def text_cells(tokenizer, token_ids) -> list[tuple[list[int], str]]:
     """(token indices, text) of each cell of `token_ids`; the texts joined are the decoded sequence.
 
-    A token ends a cell when the decoded prefix up to it is a prefix of the whole decoded text (no partial character
-    at its end), so WordPiece's spaces between words stay as decoding the whole sequence puts them.
+    A run of tokens ends a cell when the text it adds (decoded after CONTEXT_TOKENS tokens before it, less what those
+    decode to) is the whole decoded text's at that place: no partial character at its end. The rare tokenizer whose
+    decoding depends on more context than that is cut by decoding every prefix instead (quadratic in the length).
     """
     token_ids = list(token_ids)
     whole = tokenizer.decode(token_ids, clean_up_tokenization_spaces=False)
+    cells, pending, written = [], [], 0
+    for end in range(1, len(token_ids) + 1):
+        pending.append(end - 1)
+        if end == len(token_ids):
+            cells.append((pending, whole[written:]))
+            break
+        context = max(0, pending[0] - CONTEXT_TOKENS)
+        before = tokenizer.decode(token_ids[context : pending[0]], clean_up_tokenization_spaces=False)
+        added = tokenizer.decode(token_ids[context:end], clean_up_tokenization_spaces=False)
+        if added.startswith(before) and whole.startswith(added[len(before) :], written):
+            cells.append((pending, added[len(before) :]))
+            pending, written = [], written + len(added) - len(before)
+    if "".join(text for _, text in cells) == whole:
+        return cells
+    return _cells_by_prefixes(tokenizer, token_ids, whole)
+
+
+def _cells_by_prefixes(tokenizer, token_ids, whole):
     cells, pending, written = [], [], 0
     for end in range(1, len(token_ids) + 1):
         pending.append(end - 1)
