@@ -23,3 +23,10 @@ if ! python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('d
   python -m pip install -q -c "$repo/constraints.txt" setuptools
   DS_BUILD_OPS=0 python -m pip install -q --no-build-isolation -c "$repo/constraints.txt" deepspeed
 fi
+# DeepSpeed JIT-compiles its CPU shm comm op (deepspeed_shm_comm) on first use, which takes minutes on a loaded 2-core
+# machine and would otherwise fall inside the first DeepSpeed test's time limit: build it here, once, into torch's
+# extension cache (torch.utils.cpp_extension's folder: $TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions).
+extensions="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"
+if ! compgen -G "$extensions/*/deepspeed_shm_comm/deepspeed_shm_comm*.so" > /dev/null; then
+  python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > /dev/null
+fi
