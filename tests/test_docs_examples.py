@@ -1,6 +1,7 @@
 """The Python examples of the README and docs/ run as written, and the documentation site builds strictly."""
 
 import json
+import linecache
 import os
 import re
 import shutil
@@ -59,8 +60,10 @@ def main_job_layout(tmp_path, gpt2_tokenizer_dir, monkeypatch):
 @pytest.mark.parametrize("page", [p for p in PAGES if python_examples(p)], ids=lambda p: str(p.relative_to(REPO)))
 def test_python_examples_run(page, main_job_layout, capsys):
     namespace = {"__name__": "__docs__"}
-    for example in python_examples(page):  # in order, in one namespace, as a reader would paste them
-        exec(compile(example, f"{page.name} example", "exec"), namespace)
+    for index, example in enumerate(python_examples(page)):  # in order, in one namespace, as a reader would paste them
+        name = f"{page.name} example {index + 1}"
+        linecache.cache[name] = (len(example), None, example.splitlines(keepends=True), name)  # nnsight reads it
+        exec(compile(example, name, "exec"), namespace)
 
 
 def test_documentation_site_builds_strictly(tmp_path):

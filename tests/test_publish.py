@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from twotower.evaluation.scoring.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.evaluation.publishing.model_card import PLOT_CAPTIONS
+from twotower.evaluation.publishing.model_folder import short_path
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.evaluation.publishing.publish import main as publish_main
 from twotower.evaluation.publishing.publish import portable, stage_model_repo
@@ -513,3 +515,37 @@ def test_model_code_that_is_not_the_packages_is_refused(trained_run, tmp_path, m
         f"modeling_twotower.py differ from it, helpers.py is not in it."
     )
     assert "\n" not in message and not output_dir.exists() and not mocked_hub.upload_folder.called
+
+
+def test_every_factual_line_of_a_card_comes_from_the_run_or_the_faithfulness_table(trained_run, tmp_path, mocked_hub):
+    """The main job's way: scored on --validation_file alone, published by a dry run; the card's facts against the
+    run folder's records (training configs, config.json, preference.json) and docs/FAITHFULNESS.md (the paper's)."""
+    model_dir, first_report = trained_run
+    validation_file = yaml.safe_load((model_dir / "training_config.yaml").read_text())["validation_file"]
+    report_dir = tmp_path / "report"
+    score_model(model_dir, report_dir, validation_file=validation_file, block_size=32, min_count=3, disable_tqdm=True,
+                cpu=True, token_view_blocks=0)
+    output_dir = tmp_path / "repo"
+    publish_main(["--model_dir", str(model_dir), "--repo_id", REPO_ID, "--output_dir", str(output_dir),
+                  "--report_dir", str(report_dir), "--hardware", "2 CPU cores", "--dry-run"])
+    text = ModelCard.load(output_dir / "README.md").text
+    report = json.loads((report_dir / "preference.json").read_text())
+    probe_config = yaml.safe_load((model_dir / "training_config.yaml").read_text())
+
+    # what was scored: the local validation text, as preference.json records it (never a Hub dataset it was not)
+    scored = re.search(r"^Scored on (.*?)\. The perplexities", text, re.M)[1]
+    assert scored == f"local text `{short_path(validation_file)}`, {report['data']['num_blocks']:,} blocks of 32 tokens"
+    assert "Hub dataset" not in text
+    # the paper's schedule, as docs/FAITHFULNESS.md gives it (phase 1: steps and the global batch)
+    faithfulness = (Path(__file__).resolve().parents[1] / "docs" / "FAITHFULNESS.md").read_text(encoding="utf-8")
+    steps, batch = re.search(r"trained for\s+([\d,]+) optimizer steps with a global batch of (\d+) sequences", text).groups()
+    assert f"`max_train_steps: {steps.replace(',', '')}`" in faithfulness and f"{batch} blocks a step" in faithfulness
+    # each phase's length and learning rate, from its own record
+    assert f"| Length | {probe_config['max_train_steps']} optimizer steps |" in text
+    assert f"learning rate {probe_config['learning_rate']:g}" in text
+    # the results: the perplexities and the summary's counts, from preference.json
+    for value in (report["perplexity"]["joint"], *report["perplexity"]["probes"]):
+        assert f"| {value:.2f} |" in text
+    summary = report["summary"]
+    assert f"| Predictions scored | {summary['num_predictions']:,} |" in text
+    assert f"{summary['num_significant']:,} of {summary['num_eligible_types']:,}" in text

@@ -76,7 +76,7 @@ def test_tower_or_probe_leads_with_the_summary_numbers(replica_report):
         f"two-tower difference {summary['two_tower_difference_nats']:.3f} nats against a same-tower floor of "
         f"{summary['same_tower_floor_nats']:.3f} nats" in leading
     )
-    assert summary["reliability"] > report.RELIABLE_PREFERENCE and "property of the towers" in leading
+    assert summary["reliability"] > report.RELIABLE_PREFERENCE and "reproducibly decodable from the towers" in leading
     assert f"]({report.REPLICA_PLOTS['preference_vs_floor']})" in leading
     # the occurrence-level significance sits under its own heading, with the occurrence-level numbers
     occurrence = section(markdown, headings[3])

@@ -58,8 +58,15 @@ def test_report_template_renders_prose_and_pandas_tables():
     # the top tokens table: a pipe inside a token is escaped, the figures are the summary's
     top_token, top_nats = summary["top_token_ids"][0][0], summary["top_preference_nats"][0][0]
     assert re.search(rf"\| `tok\\\|{top_token}` +\| {top_token} +\| \d+ +\| {top_nats:.3f} +\|", markdown)
-    headers = re.findall(r"^\| token +\| id +\| count +\| preference \(nats\) +\| p-value +\|$", markdown, re.M)
-    assert len(headers) == 2  # one top-tokens table per tower
+    header = r"^\| token +\| id +\| count +\| preference \(nats\) +\| p-value +\| significant over occurrences +\|$"
+    # per tower, the top types significant over occurrences, then apart the others; every row says which it is
+    for tower, top_ids in enumerate(summary["top_token_ids"]):
+        section = markdown.split(f"## Top tokens of tower {tower}\n")[1].split("\n## ")[0]
+        passing = sum(bool(result.significant[list(result.token_ids).index(i)]) for i in top_ids)
+        assert section.startswith(f"\n{passing} of the {len(top_ids)} strongest types are significant over")
+        assert len(re.findall(header, section, re.M)) == (passing > 0) + (passing < len(top_ids))
+        assert len(re.findall(r"\| yes +\|$", section, re.M)) == passing
+        assert len(re.findall(r"\| no +\|$", section, re.M)) == len(top_ids) - passing
 
 
 def test_report_without_an_objective_has_no_objective_line():

@@ -142,15 +142,20 @@ def test_the_hover_card_shows_this_positions_numbers(token_view, planted):
     df = results["residual_df"] + (np.inf if results["prior_df"] is None else results["prior_df"])
     low, high = stats.t.interval(0.95, df, loc=preference, scale=results["standard_error"][0][index])
     assert card.locator("[data-field=preference]").inner_text() == (
-        f"The type, seen {OCCURRENCES} times: prefers tower 0 by {preference:.3f} nats "
-        f"(95% interval {low:.3f} to {high:.3f})"
+        f"Decodable from the tower (probes): the type, seen {OCCURRENCES} times, is predicted better from tower 0 by "
+        f"{preference:.3f} nats (95% interval {low:.3f} to {high:.3f})"
     )
     assert card.locator("[data-field=significance]").inner_text().startswith("Beyond probe noise: yes (p = ")
     # the planted ablation preference: tower 1's mean increase over the type's occurrences minus tower 0's
     needs_tower_1 = (planted["increases"][1, occurrences] - planted["increases"][0, occurrences]).mean()
     assert card.locator("[data-field=ablation]").inner_text().startswith(
-        f"Without a tower (mean ablation, no probe): the joint model needs tower 1 more, by {needs_tower_1:.3f} "
+        f"Relied on by the joint model (mean ablation, no probe): it loses more without tower 1, by {needs_tower_1:.3f} "
         "nats; beyond chance: yes (p = "
+    )
+    # planted to point to different towers: the card says what that means, with the page's agreement over types
+    assert card.locator("[data-field=measures]").inner_text().startswith(
+        "The two measures point to different towers: tower 0's features let a probe predict this type better, yet "
+        "the joint model loses more without tower 1. Not a contradiction"
     )
     assert card.locator("[data-field=categories]").inner_text() == "kind: continuation"  # 20 is even
     page.mouse.move(0, 0)
@@ -277,14 +282,16 @@ def test_the_space_scores_a_model_and_a_text_and_shows_the_token_view(planted_mo
         assert {css_background(span) for span in spans.all()} == {(rgb(TOWER_COLORS[tower]), FULL_OPACITY)}
         spans.first.hover()
         assert view.locator("#card [data-field=preference]").inner_text().startswith(
-            f"The type, seen {int(occurrences.sum())} times: prefers tower {tower} by {preference:.3f} nats"
+            f"Decodable from the tower (probes): the type, seen {int(occurrences.sum())} times, is predicted better "
+            f"from tower {tower} by {preference:.3f} nats"
         )
         # and the type's mean-ablation preference: the joint model's loss rise without each tower, over its occurrences
         increases = mean_ablation_increases(model, ids)[:, occurrences.numpy()]
         needed = int(increases.mean(axis=1).argmax())
         by = abs((increases[0] - increases[1]).mean())
         assert view.locator("#card [data-field=ablation]").inner_text().startswith(
-            f"Without a tower (mean ablation, no probe): the joint model needs tower {needed} more, by {by:.3f} nats"
+            f"Relied on by the joint model (mean ablation, no probe): it loses more without tower {needed}, by {by:.3f} "
+            "nats"
         )
     # the metric's numbers beside the view: the same computation as the metric module's
     results = compute_preference(

@@ -49,6 +49,7 @@ from .utils.collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping
 from .hub import check_hub_token, push_to_hub
 from .launch_checks import check_launch, resolve_mixed_precision
+from .library_notices import quiet_inapplicable_notices
 from .phases import make_phase, trained_state_dict
 from .run_folder import EVAL_HISTORY, RUNS_DIR, locked_output_dir, start_or_resume
 from .run_setup import TrainingRun, prepare_run
@@ -89,7 +90,9 @@ class TrainLog:
         if grad_norm is not None:
             logs["grad_norm"] = float(grad_norm)
         run.accelerator.log({f"train/{name}": value for name, value in logs.items()}, step=step)
-        self.progress_bar.set_postfix(loss=f"{logs['loss']:.3f}", lr=f"{logs['lr']:.2e}",
+        # the probe phase's loss sums its probes' (they train as one); the bar shows the mean per probe
+        probes = run.model.config.num_towers * run.model.config.probe_replicas if run.config.phase == "probe" else 1
+        self.progress_bar.set_postfix(loss=f"{logs['loss'] / probes:.3f}", lr=f"{logs['lr']:.2e}",
                                       tok_s=f"{logs['tokens_per_s']:.0f}", mfu=f"{logs['mfu']:.1%}")
         self.losses, self.tokens, self.start = [], 0, time.perf_counter()
 
@@ -278,6 +281,7 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         dynamo_backend="inductor" if config.torch_compile else None,
     )
     check_launch(accelerator)
+    quiet_inapplicable_notices(accelerator)
     phase.check_accelerator(accelerator)
     accelerator.print(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, mixed precision "
                       f"{accelerator.mixed_precision} (from {precision_source})")

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
 
 from .cross_fitting import pooled_pearson
+from ..tower_preference.measure_agreement import measure_agreement
 from ..tower_preference.preference_stats import PreferenceAccumulator
 from ..tower_preference.summary import summary_keys
 
@@ -118,4 +119,6 @@ def ablation_summary(ablation, probe_result, mean_increase_nats: list[float]) ->
         "mean_increase_nats": mean_increase_nats,
         **{key: ablation.summary[key] for key in ABLATION_SUMMARY_FIELDS},
         "correlation_with_probe_preference": correlation,
+        "correlation_with_probe_preference_ci": measure_agreement(
+            probe_result.preference_nats, ablation.preference_nats, eligible)["ci"],
     }

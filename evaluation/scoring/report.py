@@ -43,6 +43,8 @@ from twotower.training.utils.atomic import write_atomically, write_text_atomical
 from twotower.training.utils.markdown_escape import code_span, markdown_text, markdown_url  # noqa: E402
 
 from .formatting import markdown_table, number  # noqa: E402
+from .report_agreement import agreement_of, top_tokens_split  # noqa: E402
+from ..tower_preference.text_cells import readable_token  # noqa: E402
 from .report_files import (  # noqa: E402
     PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
 )
@@ -230,8 +232,9 @@ def _preference_label(num_towers):
 
 
 def _markdown_token(token):
-    """A token string as a Markdown table cell: a code span with pipes escaped and backticks replaced."""
-    return "`" + str(token).replace("`", "'").replace("|", "\\|") + "`"
+    """A token string as a Markdown table cell: readable text (text_cells) in a code span, pipes escaped, backticks
+    replaced."""
+    return "`" + readable_token(str(token)).replace("`", "'").replace("|", "\\|") + "`"
 
 
 def perplexity_table(perplexity):
@@ -262,26 +265,6 @@ def preference_table(summary, is_replica):
     ]
     columns = ["tower", "share of token types", "share of occurrences", f"significant types{BEYOND_NOISE[is_replica]}"]
     return markdown_table(pd.DataFrame(rows, columns=columns), tablefmt="github")
-
-
-def top_tokens_tables(summary, table, is_replica):
-    """Per tower, its top tokens with their id, count, preference and p-value."""
-    rows_by_id = table.set_index("token_id")
-    columns = ["token", "id", "count", "preference (nats)", f"p-value{BEYOND_NOISE[is_replica]}"]
-    tables = []
-    for token_ids, preferences in zip(summary["top_token_ids"], summary["top_preference_nats"]):
-        rows = [
-            (
-                _markdown_token(rows_by_id.at[token_id, "token"]),
-                token_id,
-                rows_by_id.at[token_id, "count"],
-                f"{preference:.3f}",
-                f"{rows_by_id.at[token_id, 'p_value']:.2g}",
-            )
-            for token_id, preference in zip(token_ids, preferences)
-        ]
-        tables.append(markdown_table(pd.DataFrame(rows, columns=columns), tablefmt="github"))
-    return tables
 
 
 def template_environment(templates_dir=TEMPLATES_DIR, **filters) -> jinja2.Environment:
@@ -316,8 +299,9 @@ def render_markdown(report, table, has_token_view=False):
         replica_plots=REPLICA_PLOTS,
         perplexity_table=perplexity_table(report["perplexity"]),
         preference_table=preference_table(summary, is_replica),
-        top_tokens_tables=top_tokens_tables(summary, table, is_replica),
+        top_tokens_tables=top_tokens_split(summary, table, is_replica, _markdown_token),
         token_view=TOKEN_VIEW_HTML if has_token_view else None,
+        **agreement_of(report),
     )
 
 

@@ -57,7 +57,8 @@ from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
 from .engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .report_lock import report_folder_locked
 from .token_categories import categorize, detect_scheme
-from ..tower_preference.token_view import render_token_view, token_texts
+from ..tower_preference.text_cells import is_byte_level, with_cells
+from ..tower_preference.token_view import render_token_view
 
 
 SPLITS = ("validation", "train")
@@ -431,12 +432,11 @@ def token_view_page(result, tokens, passages, tokenizer, source, ablation=None):
     with the mean-ablation preference (a PreferenceResult) on the hover card when given."""
     shown = []
     for input_ids, kept, gold_logprobs in zip(passages.input_ids, passages.attention_mask, passages.gold_logprobs):
-        token_ids = input_ids[kept].tolist()
-        texts = token_texts(tokenizer, token_ids)
-        shown.append({"token_ids": token_ids, "texts": texts, "gold_logprobs": gold_logprobs[:, kept]})
+        shown.append({"token_ids": input_ids[kept].tolist(), "gold_logprobs": gold_logprobs[:, kept]})
     categories = token_view_categories(result, tokens, tokenizer)
     ablation = None if ablation is None else ablation.to_dict()
-    return render_token_view(result.to_dict(), tokens, shown, categories, source=source, ablation=ablation)
+    return render_token_view(result.to_dict(), tokens, with_cells(tokenizer, shown), categories, source=source,
+                             ablation=ablation, byte_level=is_byte_level(tokenizer))
 
 
 def token_view_categories(result, tokens, tokenizer) -> dict:

@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
 import modeling_twotower  # noqa: F401 (registers the twotower classes: the model code is this copy, never a repo's)
 from model_source import MAX_DOWNLOAD_VARIABLE, MODEL_DIR_VARIABLE, ModelSourceError, served_model_path
 from token_kinds import detect_scheme, letter_case, token_kind
-from token_view import render_token_view, token_texts
+from text_cells import is_byte_level, with_cells
+from token_view import render_token_view
 
 
 # load the script beside this file (a Space's folder is not named after the metric); in memory: no cache files
@@ -77,8 +78,8 @@ def text_passages(model, tokenizer, text):
         else:  # ELMo-style towers never read the token they predict: every token, unmasked
             gold = model.probe_logprobs(block, labels=block, all_replicas=True).flatten(0, 1)[:, 0]  # [probes, seq]
         ids = block[0].tolist()
-        passages.append({"token_ids": ids, "texts": token_texts(tokenizer, ids), "gold_logprobs": gold.numpy()})
-    return passages
+        passages.append({"token_ids": ids, "gold_logprobs": gold.numpy()})
+    return with_cells(tokenizer, passages)  # the text by character spans
 
 
 @torch.inference_mode()
@@ -157,7 +158,7 @@ def score_text(model_name_or_path, text, min_count):
     tokens = tokenizer.convert_ids_to_tokens(results["token_ids"])
     source = f"{model_name_or_path.strip()} on the given text."
     page = render_token_view(results, tokens, passages, type_categories(tokens, tokenizer), source=source,
-                             ablation=ablation)
+                             ablation=ablation, byte_level=is_byte_level(tokenizer))
     frame = (
         f'<iframe title="token view" srcdoc="{html.escape(page, quote=True)}" '
         f'style="width: 100%; height: {VIEW_HEIGHT_PX}px; border: 0"></iframe>'

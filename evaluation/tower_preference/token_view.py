@@ -20,6 +20,14 @@ import numpy as np
 from scipy import special
 
 
+try:  # a module of the package; the Space's app.py imports this file from its own folder
+    from .measure_agreement import DECODABLE, RELIED_ON, measure_agreement
+    from .text_cells import readable_token
+except ImportError:
+    from measure_agreement import DECODABLE, RELIED_ON, measure_agreement
+    from text_cells import readable_token
+
+
 TEMPLATE = "token_view.html.j2"
 # matplotlib's tab10, the colours of the towers in the report's plots
 TOWER_COLORS = (
@@ -31,20 +39,7 @@ MIN_OPACITY, MAX_OPACITY = 0.15, 0.7  # of the token's background, from no prefe
 # stays legible on the darkest tower colour
 FADED_SHARE = 0.3  # a type without a significant preference keeps this share of its opacity
 DECIMALS = 4  # of the nats in the page's data (the card shows 3): halves the page's size
-
-
-def token_texts(tokenizer, token_ids) -> list[str]:
-    """The text each token adds to the decoded passage, so that the pieces joined read as the passage.
-
-    Decoding one id at a time would drop the spaces WordPiece puts between words, so each piece is what decoding one
-    more token adds (a character split over two byte-level tokens goes to the second).
-    """
-    texts, previous = [], ""
-    for end in range(1, len(token_ids) + 1):
-        decoded = tokenizer.decode(token_ids[:end], clean_up_tokenization_spaces=False)
-        texts.append(decoded[len(previous) :])
-        previous = decoded
-    return texts
+CATEGORY_NAMES = {"frequency": "frequency rank"}  # a category's name on the page, where its key would mislead
 
 
 def preference_interval(results, level=INTERVAL_LEVEL) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +80,7 @@ def token_background(card, full_colour) -> str:
     return f"rgba({red}, {green}, {blue}, {opacity:.3f})"
 
 
-def type_cards(results, tokens, categories, shown_ids) -> dict[int, dict]:
+def type_cards(results, tokens, categories, shown_ids, byte_level=None) -> dict[int, dict]:
     """The hover card's fields of each type in `shown_ids`: a dict per type, so that a report can add fields."""
     index = {token_id: i for i, token_id in enumerate(results["token_ids"])}
     low, high = preference_interval(results)
@@ -94,10 +89,10 @@ def type_cards(results, tokens, categories, shown_ids) -> dict[int, dict]:
         i = index[token_id]
         preference = [row[i] for row in results["preference_nats"]]
         cards[token_id] = {
-            "token": tokens[i],
+            "token": readable_token(tokens[i], byte_level),
             "token_id": token_id,
             "count": results["count"][i],
-            "categories": {scheme: labels[i] for scheme, labels in categories.items()},
+            "categories": {CATEGORY_NAMES.get(scheme, scheme): labels[i] for scheme, labels in categories.items()},
             "eligible": results["eligible"][i],
             "significant": results["significant"][i],
             "preferred_tower": results["preferred_tower"][i],
@@ -128,12 +123,27 @@ def _passage_positions(passage, results):
     return [None if np.isnan(column).any() else column.round(DECIMALS).tolist() for column in logprobs.T]
 
 
-def _passage_tokens(passage, entries, cards):
-    """What the template writes per token: its text, its type if that has a card, whether it was scored here."""
-    return [
-        {"text": text, "type": int(token_id) if int(token_id) in cards else None, "scored": entry is not None}
-        for token_id, text, entry in zip(passage["token_ids"], passage["texts"], entries, strict=True)
-    ]
+def _passage_cells(passages, positions, cards):
+    """What the template writes per cell (passage["cells"], text_cells.passage_cells; else one cell per token of
+    passage["texts"]): its text, the passage and position of its last token (which completes its text), that token's
+    type if it has a card, whether it was scored there, and, for a cell of several tokens, every piece's
+    [passage, position, type] for the card."""
+    shown = []
+    for index, passage in enumerate(passages):
+        cells = passage.get("cells") or [
+            {"positions": [[index, position]], "text": text} for position, text in enumerate(passage["texts"])
+        ]
+        shown.append([])
+        for cell in cells:
+            pieces = [[p, q, int(passages[p]["token_ids"][q])] for p, q in cell["positions"]]
+            last_passage, last_position, token_id = pieces[-1]
+            shown[-1].append({
+                "text": cell["text"], "passage": last_passage, "position": last_position,
+                "type": token_id if token_id in cards else None,
+                "scored": positions[last_passage][last_position] is not None,
+                "pieces": pieces if len(pieces) > 1 else None,
+            })
+    return shown
 
 
 def ablation_cards(ablation, shown_ids) -> dict[int, dict]:
@@ -156,41 +166,49 @@ def ablation_cards(ablation, shown_ids) -> dict[int, dict]:
 
 
 def render_token_view(results, tokens, passages, categories=None, title="Tower preference: token view", source="",
-                      ablation=None):
+                      ablation=None, byte_level=None):
     """The token view page (HTML) of passages of a scored text.
 
     Args:
         results: the metric's result dict (`PreferenceResult.to_dict()`, or what the `evaluate` module returns).
         tokens: the tokenizer's string of every type of results["token_ids"], in that order.
-        passages: dicts with "token_ids" [seq], "texts" [seq] (`token_texts`) and "gold_logprobs" [probes, seq], the
-            rows of probes as the metric was given them, NaN at the positions that were not scored.
+        passages: dicts with "token_ids" [seq], "gold_logprobs" [probes, seq] (the rows of probes as the metric was
+            given them, NaN at the positions that were not scored), and either "cells" (text_cells.passage_cells: the
+            text by character spans) or "texts" [seq] (`token_texts`, one cell per token).
         categories: {scheme: [label of every type of results["token_ids"]]}, e.g. {"kind": [...]}; one filter each.
         source: what the passages are, in words, for the page's heading (e.g. the first 8 of 40 blocks of a text).
         ablation: optionally, the result dict of the mean-ablation preference of the same text; the hover card then
-            shows it too.
+            shows it too, and the page says how far the two measures agree.
+        byte_level: whether the tokens are byte-level BPE pieces (text_cells.is_byte_level); None guesses.
     """
     categories = categories or {}
     positions = [_passage_positions(passage, results) for passage in passages]
     shown_ids = {int(token_id) for passage in passages for token_id in passage["token_ids"]} & set(results["token_ids"])
-    cards = type_cards(results, tokens, categories, shown_ids)
+    cards = type_cards(results, tokens, categories, shown_ids, byte_level)
+    agreement = None
     if ablation is not None:
         for token_id, ablation_card in ablation_cards(ablation, shown_ids).items():
             cards[token_id]["ablation"] = ablation_card
+        agreement = measure_agreement(results["preference_nats"], ablation["preference_nats"], results["eligible"])
     full_colour = full_colour_nats(results)
     data = {
         "num_towers": results["num_towers"],
         "replicas_per_tower": results.get("replicas_per_tower"),
         "types": {str(token_id): card for token_id, card in cards.items()},
         "positions": positions,
+        "agreement": agreement,
+        "measures": {"probe": DECODABLE, "ablation": RELIED_ON},
     }
     return _environment().get_template(TEMPLATE).render(
         title=title,
         source=source,
         results=results,
-        passages=[_passage_tokens(passage, entries, cards) for passage, entries in zip(passages, positions)],
+        passages=_passage_cells(passages, positions, cards),
+        agreement=agreement,
+        measures=data["measures"],
         cards=cards,
         backgrounds={token_id: token_background(card, full_colour) for token_id, card in cards.items()},
-        category_values={scheme: sorted(set(labels)) for scheme, labels in categories.items()},
+        category_values={CATEGORY_NAMES.get(scheme, scheme): sorted(set(labels)) for scheme, labels in categories.items()},
         num_shown=sum(entry is not None for passage in positions for entry in passage),
         full_colour_nats=full_colour,
         full_colour_quantile=FULL_COLOUR_QUANTILE,
