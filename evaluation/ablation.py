@@ -13,9 +13,6 @@ mean_logprob is then meaningless, its preference_nats, p_value and significant a
 
 import numpy as np
 import torch
-from torch.nn import functional as F
-
-from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
 
 from .cross_fitting import pooled_pearson
 from .tower_preference.preference_stats import PreferenceAccumulator
@@ -26,12 +23,6 @@ from .tower_preference.summary import summary_keys
 ABLATION_SUMMARY_FIELDS = summary_keys(
     "num_significant", "significant_share", "split_half_consistency", "num_eligible_types"
 )
-
-
-def joint_nll(model, scored_features: torch.Tensor, scored_targets: torch.LongTensor) -> torch.Tensor:
-    """The joint model's NLL [n] at scored positions, from their features [towers, n, hidden]."""
-    logits = model.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
-    return F.cross_entropy(logits.float(), scored_targets, reduction="none")
 
 
 class MeanAblation:
@@ -48,15 +39,11 @@ class MeanAblation:
         self.accumulator = PreferenceAccumulator(num_towers=feature_means.shape[0], vocab_size=vocab_size)
         self.increase_sums = np.zeros(feature_means.shape[0])  # [towers] float64, over all scored positions
 
-    def update(self, model, scored_features, scored_targets, joint_nll_per_position) -> np.ndarray:
-        """One scoring pass: features [towers, n, hidden] of its scored positions, their targets [n] and the
-        joint model's NLL there [n]; returns the increases [towers, n]."""
-        increases = []
-        for tower, mean in enumerate(self.feature_means):
-            ablated = scored_features.clone()
-            ablated[tower] = mean.to(ablated.dtype)
-            increases.append(joint_nll(model, ablated, scored_targets) - joint_nll_per_position)
-        increases = torch.stack(increases).double().cpu().numpy()  # [towers, n]
+    def update(self, model, scored_features, scored_targets) -> np.ndarray:
+        """One scoring pass of `model`: features [towers, n, hidden] of its scored positions and their targets [n]
+        (`model.scored_features`); returns the increases [towers, n] (`model.ablation_increases`)."""
+        increases = model.ablation_increases(scored_features, scored_targets, self.feature_means)
+        increases = increases.double().cpu().numpy()  # [towers, n]
         self.increase_sums += increases.sum(axis=1)
         # The accumulator takes log-probabilities (<= 0) and tests differences between towers at each position, so
         # the increases enter less their largest at the position: the differences, hence the test, are the increases'.
@@ -74,11 +61,9 @@ def tower_feature_means(model, passes) -> torch.Tensor:
     Each tower's mean feature [towers, hidden] (float32) over the scored positions of `passes`, an iterable of
     (inputs, labels, attention_mask) scoring passes (scoring_engine's).
     """
-    objective, total, count = objective_of(model), None, 0
+    total, count = None, 0
     for inputs, labels, attention_mask in passes:
-        scored = prediction_targets(labels, objective) != -100
-        features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
-        features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+        features, _ = model.scored_features(model.probe_features(inputs, attention_mask), labels)  # [towers, n, hidden]
         sums = features.double().sum(dim=1)
         total = sums if total is None else total + sums
         count += features.shape[1]

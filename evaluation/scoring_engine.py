@@ -11,15 +11,9 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from twotower.training.objectives import (
-    needs_masking,
-    objective_of,
-    predicting_positions,
-    prediction_targets,
-    target_shift,
-)
+from twotower.training.objectives import needs_masking, objective_of
 
-from .ablation import MeanAblation, joint_nll, tower_feature_means
+from .ablation import MeanAblation, tower_feature_means
 from .tower_preference.preference_stats import PreferenceAccumulator
 from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
@@ -27,7 +21,7 @@ from .tower_preference.replica_preference import ReplicaPreferenceAccumulator
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
 
 
-def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable=None):
+def scoring_passes(input_ids, objective, towers, mask_passes, mask_token_id, scorable=None):
     """
     (inputs, labels) of each pass over a batch [batch, seq]; together the passes score every token exactly once.
 
@@ -35,8 +29,9 @@ def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id,
     towers: pass k replaces the positions p with p % mask_passes == k by the mask token (no 80/10/10: the score
     of a token must not depend on a random draw) and labels them. ELMo-style LSTM towers: one unmasked pass.
     `scorable` [batch, seq] (sentence-pair blocks): the positions that may be scored or masked; None for all.
+    `towers`: the model's stack (`model.model.towers`), which says whether it sees the token it predicts.
     """
-    if not needs_masking(objective, tower_type):
+    if not needs_masking(objective, towers):
         yield input_ids, input_ids if scorable is None else input_ids.masked_fill(~scorable, -100)
         return
     position = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -130,8 +125,8 @@ def _batch_passes(batch, device, model, mask_passes, mask_token_id):
     attention_mask, scorable = batch.get("attention_mask"), None  # sentence-pair blocks: padding, never scored
     if attention_mask is not None:
         attention_mask, scorable = attention_mask.to(device), batch["labels"].to(device) != -100
-    objective, tower_type = objective_of(model), model.config.tower_type
-    for inputs, labels in scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable):
+    objective, towers = objective_of(model), model.model.towers
+    for inputs, labels in scoring_passes(input_ids, objective, towers, mask_passes, mask_token_id, scorable):
         yield inputs, labels, attention_mask
 
 
@@ -164,7 +159,7 @@ def score_blocks(
     if accumulators is None:
         accumulators = [preference_accumulator(probe_model.config, pair_replicas) for probe_model in probe_models]
     scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
-    device, objective = next(model.parameters()).device, objective_of(model)
+    device = next(model.parameters()).device
     if ablation:
         passes = (each for batch in tqdm(dataloader, desc="Tower means", disable=disable_tqdm)
                   for each in _batch_passes(batch, device, model, mask_passes, mask_token_id))
@@ -173,19 +168,17 @@ def score_blocks(
         if passages is not None:
             passages.add_batch(batch)
         for inputs, labels, attention_mask in _batch_passes(batch, device, model, mask_passes, mask_token_id):
-            targets = prediction_targets(labels, objective)  # [batch, seq - shift]
-            scored = targets != -100
+            targets = model.prediction_targets(labels)  # [batch, seq - shift]
+            scored = targets != -100  # a masking pass scores 1 in mask_passes positions: only those
             features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
-            # a masking pass scores 1 in mask_passes positions: only those
-            scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
-            nll = joint_nll(model, scored_features, targets[scored])  # [n]
+            nll = -model.joint_logprobs(inputs, attention_mask, labels, features=features)[scored]  # [n]
             scores.joint_nll_sum += nll.sum().item()
             scored_targets = targets[scored].cpu().numpy()  # [n]
             if cross_fit is not None:
                 rows = scored.nonzero(as_tuple=True)[0].cpu()  # the block of every scored position, in order
                 documents = batch["document"][rows].numpy()
             if scores.ablation is not None:
-                increases = scores.ablation.update(model, scored_features, targets[scored], nll)
+                increases = scores.ablation.update(model, *model.scored_features(features, labels))
                 if cross_fit is not None:
                     cross_fit.update_ablation(scored_targets, increases, documents)
             scores.num_targets += scored_targets.shape[0]
@@ -196,7 +189,7 @@ def score_blocks(
                 nll_sum -= gold.astype(np.float64).sum(axis=1)
                 accumulator.update(scored_targets, gold)
                 if passages is not None and index == passages.probe_set:
-                    passages.record(scored, gold, target_shift(objective))
+                    passages.record(scored, gold, model.target_shift)
                 if cross_fit is not None and index == 0:
                     cross_fit.update(scored_targets, gold, documents)
     return scores
