@@ -14,9 +14,10 @@ from .configuration_twotower import TwoTowerConfig
 from .tower_stack import TowerStack
 from .towers_elmo import TwoTowerELMoTowers
 from .towers_lstm import TwoTowerLSTMTowers
+from .towers_ssm import TwoTowerSSMTowers
 from .towers_transformer import TwoTowerTransformerTowers
 
-TOWER_KINDS = {kind.tower_type: kind for kind in (TwoTowerTransformerTowers, TwoTowerLSTMTowers)}
+TOWER_KINDS = {kind.tower_type: kind for kind in (TwoTowerTransformerTowers, TwoTowerLSTMTowers, TwoTowerSSMTowers)}
 
 
 def tower_stack_class(config: TwoTowerConfig) -> type[TowerStack]:
