@@ -25,7 +25,7 @@ class TowerStack(nn.Module):
     # False for forward + backward pairs, whose position t reads only the tokens before and after it (ELMo).
     sees_predicted_token = False
     accepts_packed_rows = False  # reads position_ids restarting inside a row as separate sequences
-    card_names = {False: "", True: ""}  # the towers on the model card, by bidirectional
+    card_names: dict[bool, str]  # the towers on the model card, by bidirectional (each kind names its own)
     card_tags = ()  # the kind's Hub tags
 
     def extra_flops_per_token(self, block_size: int) -> int:
