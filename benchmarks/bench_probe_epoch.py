@@ -25,6 +25,7 @@ from accelerate import Accelerator
 from transformers import get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
 from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
@@ -106,7 +107,7 @@ def main():
           "cached (s/epoch) | speed-up | building the cache (s, once) |")
     print("|---|---|---|---|---|---|---|")
     for objective in ("causal", "masked"):
-        train_collator, _ = make_collators(objective, "transformer", tokenizer, 0.15, seed=0)
+        train_collator, _ = make_collators(objective, TwoTowerTransformerTowers, tokenizer, 0.15, seed=0)
         loader = torch.utils.data.DataLoader(blocks.with_format("torch"), batch_size=BATCH_BLOCKS,
                                              collate_fn=train_collator)  # fmt: skip
         for replicas in (1, 2):

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast, get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForMaskedLM
+from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
 from twotower.training.data import load_raw_datasets, tokenize_and_group
 from twotower.training.objectives import make_collators
 from twotower.training.tokenizer import padded_vocab_size
@@ -132,7 +133,7 @@ def main():
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.tokenizer)
     raw = load_raw_datasets("text", None, str(WIKITEXT / "train.txt"), str(WIKITEXT / "valid.txt"))
     blocks = tokenize_and_group(raw, tokenizer, args.block_size).with_format("torch")
-    train_collator, validation_collator = make_collators("masked", "transformer", tokenizer, 0.15, seed=42)
+    train_collator, validation_collator = make_collators("masked", TwoTowerTransformerTowers, tokenizer, 0.15, seed=42)
     validation = [
         validation_collator([blocks["validation"][i] for i in range(start, start + batch_blocks)])
         for start in range(0, EVAL_TOKENS // args.block_size, batch_blocks)

@@ -18,7 +18,7 @@ from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMa
 from modeling_twotower.probes import PROBE_LOGITS_CHUNK_BYTES
 from twotower.training.arguments import read_recipe
 from twotower.training.probe_cache import FeatureCachePlan, plan_feature_cache
-from twotower.training.throughput import DATASHEET_PEAK_TFLOPS, flops_per_token
+from twotower.training.throughput import DATASHEET_PEAK_TFLOPS, config_flops_per_token as flops_per_token
 
 # (pretrain recipe, probe recipe) pairs; the global batch is the recipes' 5120 blocks on every number of GPUs
 # (gradient accumulation makes up for fewer GPUs), so the per-device micro-batch, and memory, stay the recipe's.

@@ -13,9 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers.utils import logging
 
-from .legacy_keys import LEGACY_KEY_MAPPING
 from .size_fields import field_that_sizes
-
 logger = logging.get_logger(__name__)
 
 # The config fields that size a dimension of some weight; a differing size is put down to the one that, set to the
@@ -98,13 +96,13 @@ def _mismatch_message(model_class, config, folder: Path, mismatched) -> str:
 def check_weights_fit_config(model_class, config, weight_files, key_mapping: dict | None = None) -> None:
     """
     Raise TwoTowerCheckpointError when a file of `weight_files` is damaged, or when a tensor saved in them has
-    another shape than `model_class(config)` gives it; `key_mapping` renames saved keys as `from_pretrained` does
-    (None: the earlier versions' names, LEGACY_KEY_MAPPING). Tensors only one side has are transformers' to report
+    another shape than `model_class(config)` gives it; `key_mapping` renames saved keys as `from_pretrained` does.
+    Tensors only one side has are transformers' to report
     (missing weights are initialized, unexpected ones skipped).
     """
     if not weight_files:
         return
-    key_mapping = LEGACY_KEY_MAPPING if key_mapping is None else key_mapping
+    key_mapping = key_mapping or {}
     expected = _expected_shapes(model_class, config)
     prefix = model_class.base_model_prefix
     mismatched = []

@@ -42,7 +42,7 @@ PRESETS = {
 }  # fmt: skip
 LAYOUTS = ("bert", "gpt", "elmo")
 INITIALIZATIONS = ("normal", "reference")
-TOWER_TYPES = ("transformer", "lstm")
+TOWER_TYPES = ("transformer", "lstm", "ssm")
 PROBE_TYPES = ("mlp", "linear")
 
 
@@ -130,7 +130,7 @@ class TwoTowerConfig(PretrainedConfig):
         num_towers: int = 2,  # 2 in the paper; 3 or more also work
         embedding_size: int | None = None,  # shared embedding and tied decoder width (None: the layout's, see above)
         layout: str = "bert",  # bert | gpt | elmo: the reference code's variant (see above)
-        tower_type: str | None = None,  # transformer | lstm (None: lstm for layout elmo, else transformer)
+        tower_type: str | None = None,  # transformer | lstm | ssm (None: lstm for layout elmo, else transformer)
         lstm_hidden_size: int | None = None,  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
@@ -242,6 +242,8 @@ class TwoTowerConfig(PretrainedConfig):
                 f"({self.num_attention_heads}); change one of them, e.g. hidden_size="
                 f"{self.num_attention_heads * max(1, round(self.hidden_size / self.num_attention_heads))}."
             )
+        if self.tower_type == "ssm":
+            self.use_cache = False  # state-space towers keep no state cache: generation recomputes the prefix
         if self.tower_type == "lstm":
             self._validate_lstm()
         elif self.lstm_hidden_size is not None:

@@ -14,6 +14,7 @@ TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # what the embedding looks token i
 
 def check_inputs(
     config: TwoTowerConfig,
+    towers,
     bidirectional: bool,
     input_ids,
     inputs_embeds,
@@ -23,16 +24,17 @@ def check_inputs(
     use_cache: bool,
     output_attentions: bool,
 ):
-    """The inputs of TwoTowerModel.forward against the config."""
+    """The inputs of TwoTowerModel.forward against the config and the facts of its stack `towers` (a TowerStack)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
     check_input_shape(input_ids, inputs_embeds)
     if input_ids is not None:
         check_input_ids_dtype(input_ids)
-    if config.tower_type == "lstm" and (use_cache or output_attentions):
-        option = "use_cache" if use_cache else "output_attentions"
+    if (use_cache and not towers.has_cache) or (output_attentions and not towers.has_attention):
+        option = "use_cache" if use_cache and not towers.has_cache else "output_attentions"
         raise ValueError(
-            f"`{option}=True` does not apply to LSTM towers (no attention, no key/value cache); drop it."
+            f"`{option}=True` does not apply to {towers.kind_name} towers (no attention, no key/value cache); "
+            "drop it."
         )
     if bidirectional and use_cache:
         raise ValueError("`use_cache=True` needs causal towers; a bidirectional (masked) model has no cache.")
@@ -45,7 +47,7 @@ def check_inputs(
         )
     # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
     if position_ids is not None and not torch.compiler.is_compiling():
-        check_position_ids(position_ids, attention_mask, config)
+        check_position_ids(position_ids, attention_mask, config, towers)
     # A data-dependent check cannot be traced; compiled graphs rely on the eager runs having checked.
     if input_ids is not None and not torch.compiler.is_compiling():
         vocab_size = config.vocab_size
@@ -93,7 +95,7 @@ def check_input_ids_dtype(input_ids: torch.Tensor):
     )
 
 
-def check_position_ids(position_ids: torch.LongTensor, attention_mask, config: TwoTowerConfig):
+def check_position_ids(position_ids: torch.LongTensor, attention_mask, config: TwoTowerConfig, towers):
     # Packed rows restart their positions, so the largest position, not the row length, must fit the table.
     largest = int(position_ids.max())
     if largest >= config.max_position_embeddings:
@@ -103,10 +105,10 @@ def check_position_ids(position_ids: torch.LongTensor, attention_mask, config: T
             f"{config.max_position_embeddings} tokens."
         )
     packed = attention_mask is None and find_packed_sequence_indices(position_ids) is not None
-    if config.tower_type == "lstm" and packed:
+    if packed and not towers.accepts_packed_rows:
         raise ValueError(
-            "`position_ids` restart inside a row (packed sequences), which LSTM towers would read as one sequence; "
-            "pass one sequence per row, padded, with an `attention_mask`."
+            f"`position_ids` restart inside a row (packed sequences), which {towers.kind_name} towers would read as "
+            "one sequence; pass one sequence per row, padded, with an `attention_mask`."
         )
 
 

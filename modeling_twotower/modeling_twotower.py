@@ -2,11 +2,11 @@
 
 All towers run together: every per-tower weight is stacked along a leading tower dimension and every matmul is
 a batched matmul over towers. Towers never exchange information before the LM head. This module assembles the
-parts, each in a module of its own: the embedding (`embeddings.py`), the towers' stack (`towers.py`: transformer
-layers in `decoder_layers.py`, LSTM towers in `lstm_towers.py`, on the batched layers of `batched_layers.py`), their
-join (`fusion.py`), the LM heads (`heads.py`), the probes (`probes.py`), the checks of user inputs
-(`input_checks.py`) and of saved weights (`checkpoint_checks.py`), earlier versions' parameter names
-(`legacy_keys.py`), and the reference code's initialisation (`reference_initialization.py`).
+parts, each in a module of its own: the embedding (`embeddings.py`), the towers' stack (`towers.py`: one module
+per tower kind, `towers_*.py`, each a `TowerStack` that states its facts, on the batched layers of
+`batched_layers.py`), their join (`fusion.py`), the LM heads (`heads.py`), the probes (`probes.py`), the checks of
+user inputs (`input_checks.py`) and of saved weights (`checkpoint_checks.py`), and the reference code's
+initialisation (`reference_initialization.py`).
 """
 
 from dataclasses import dataclass
@@ -30,9 +30,9 @@ from .embeddings import tower_embeddings
 from .fusion import tower_fusion
 from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
 from .input_checks import check_label_values, check_labels, check_inputs, check_probe_features, warn_if_no_target
-from .legacy_keys import LEGACY_KEY_MAPPING, rename_legacy_keys
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
+from .tower_stack import KindInitialized
 from .towers import tower_stack
 
 
@@ -68,9 +68,7 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, key_mapping: dict[str, str] | None = None, **kwargs):
-        # Earlier versions' parameter names (heads.py) are renamed as they load, unless the caller maps keys itself.
-        key_mapping = LEGACY_KEY_MAPPING if key_mapping is None else key_mapping
-        cls._check_local_checkpoint(pretrained_model_name_or_path, kwargs, key_mapping)
+        cls._check_local_checkpoint(pretrained_model_name_or_path, kwargs, key_mapping or {})
         loaded = super().from_pretrained(pretrained_model_name_or_path, *args, key_mapping=key_mapping, **kwargs)
         warn_non_finite_weights(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path)
         return loaded
@@ -93,12 +91,9 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
             )
         check_weights_fit_config(cls, config, sorted(folder.glob("*.safetensors")), key_mapping)
 
-    def save_pretrained(self, save_directory, *args, save_original_format: bool = False, **kwargs):
-        # Checkpoints are written with this code's parameter names, also after loading an older one: the reverse of
-        # the legacy renaming cannot tell the fusion head from the control's heads, whose new names are alike.
-        return super().save_pretrained(save_directory, *args, save_original_format=save_original_format, **kwargs)
-
     def _init_weights(self, module):
+        if isinstance(module, KindInitialized):  # after its children: what a tower kind draws its own way
+            module.init_kind_weights(self.config)
         if self.config.initialization == "reference":
             init_reference_weights(module, self.config, self.get_output_embeddings())
             return
@@ -131,8 +126,6 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         self.gradient_checkpointing = False
         # Only the stack this model holds: device_map and FSDP's wrap policy refuse a class name the model lacks.
         self._no_split_modules = [self.towers.no_split_module]
-        # earlier versions' names (legacy_keys.py) in state dicts loaded with load_state_dict (training checkpoints)
-        self.register_load_state_dict_pre_hook(rename_legacy_keys)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -163,7 +156,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
         check_inputs(
-            self.config, self.bidirectional, input_ids, inputs_embeds, attention_mask, position_ids,
+            self.config, self.towers, self.bidirectional, input_ids, inputs_embeds, attention_mask, position_ids,
             past_seen_tokens, use_cache, output_attentions,
         )
 
@@ -198,6 +191,7 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
 
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
     towers_bidirectional = False  # what the objective needs of the towers
+    target_shift = 0  # position t predicts token t + target_shift: the one place that says so
 
     def __init__(self, config: TwoTowerConfig):
         if config.layout == "elmo" and not self.towers_bidirectional:
@@ -238,6 +232,76 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
         fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return split_towers(fused, self.config.num_towers)
+
+    def prediction_targets(self, labels: torch.LongTensor) -> torch.LongTensor:
+        """The labels aligned with the positions that predict them, [batch, seq - target_shift]; -100: none."""
+        return labels[:, self.target_shift :]
+
+    def predicting_positions(self, states: torch.Tensor, seq_dim: int) -> torch.Tensor:
+        """`states` (features, logits) at the positions aligned with `prediction_targets`, along `seq_dim`."""
+        return states.narrow(seq_dim, 0, states.shape[seq_dim] - self.target_shift)
+
+    def scored_features(self, features: torch.Tensor, labels: torch.LongTensor):
+        """
+        (features [num_towers, n, hidden], targets [n]) of the n positions that predict a labelled token (not -100),
+        in row-major order, from `probe_features`' output [num_towers, batch, seq, hidden] and the labels [batch, seq].
+        """
+        targets = self.prediction_targets(labels)
+        scored = targets != -100
+        return self.predicting_positions(features, seq_dim=2)[:, scored], targets[scored]
+
+    def joint_logprobs(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        features: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """
+        The joint model's log-probability of every target, float32, aligned as `probe_logprobs` is: [batch, seq - 1]
+        for the causal LM (the next token; `labels` default to `input_ids`), [batch, seq] for the masked LM (the
+        original id at each labelled position). Unlabelled and padding positions give 0.0. `features`:
+        `probe_features(input_ids, attention_mask)` if already computed.
+        """
+        labels = self._checked_labels(input_ids, attention_mask, labels)
+        features = self._checked_probe_features(input_ids, attention_mask, features)
+        targets = self.prediction_targets(labels)
+        logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+        logprobs[targets != -100] = -self._joint_nll(*self.scored_features(features, labels))
+        return logprobs
+
+    def ablation_increases(
+        self, scored_features: torch.Tensor, scored_targets: torch.LongTensor, feature_means: torch.Tensor
+    ) -> torch.Tensor:
+        """
+        Each tower's mean-ablation increase [num_towers, n]: the joint model's loss at each scored position (from
+        `scored_features`) when that tower's features are replaced by its mean `feature_means` [num_towers, hidden]
+        (e.g. over a text's scored positions), less its loss with every tower's own features.
+        """
+        joint = self._joint_nll(scored_features, scored_targets)
+        increases = []
+        for tower, mean in enumerate(feature_means):
+            ablated = scored_features.clone()
+            ablated[tower] = mean.to(ablated.dtype)
+            increases.append(self._joint_nll(ablated, scored_targets) - joint)
+        return torch.stack(increases)
+
+    def _joint_nll(self, scored_features: torch.Tensor, scored_targets: torch.LongTensor) -> torch.Tensor:
+        # the joint model's NLL [n] at scored positions, from their features [towers, n, hidden]
+        logits = self.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
+        return F.cross_entropy(logits.float(), scored_targets, reduction="none")
+
+    def _checked_labels(self, input_ids, attention_mask, labels):
+        if labels is None and self.target_shift == 0:
+            raise ValueError(
+                "A masked LM scores masked positions: pass `labels` (original ids where input_ids hold the mask "
+                "token, -100 elsewhere)."
+            )
+        labels = input_ids if labels is None else labels
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
+        check_label_values(labels, self.config.vocab_size)
+        return labels if attention_mask is None else labels.masked_fill(attention_mask == 0, -100)
 
     def _checked_probe_features(self, input_ids, attention_mask, features):
         if features is None:
@@ -291,6 +355,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
     """
 
     towers_bidirectional = False
+    target_shift = 1
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @can_return_tuple

@@ -1,92 +1,35 @@
 """
-The towers' stacks, chosen once by `tower_stack`: transformer layers (`decoder_layers.py`), this package's LSTM
-towers or the reference's ELMo towers (`lstm_towers.py`). Each takes the towers' inputs and returns a
-`TowerStackOutput` (`batched_layers.py`); only the transformer stack reads the attention mask, the cache and the
-positions, and names `no_split_module`, the unit device maps and FSDP keep whole.
+The tower kinds, one module each (`towers_*.py`), and the choice of
+the config's (`tower_stack`). Each kind is a `TowerStack` (`tower_stack.py`) that states its facts: cache,
+attention, whether it reads the token it predicts, packed rows, FLOPs, its model-card name, its FSDP unit.
+
+Flat modules, not a `towers/` subpackage: this folder is also the Hub custom code that `save_pretrained` copies,
+and transformers copies and loads only the files of this folder named by `from .module import ...`.
 """
 
 from torch import nn
-from transformers.masking_utils import (
-    create_bidirectional_mask,
-    create_causal_mask,
-    find_packed_sequence_indices,
-    packed_sequence_mask_function,
-)
 
-from .batched_layers import TowerStackOutput, TwoTowerBatchedLayerNorm, concat_towers
+from .batched_layers import TowerStackOutput
 from .configuration_twotower import TwoTowerConfig
-from .decoder_layers import TwoTowerDecoderLayer
-from .lstm_towers import TwoTowerELMoTowers, TwoTowerLSTMTowers
+from .tower_stack import TowerStack
+from .towers_elmo import TwoTowerELMoTowers
+from .towers_lstm import TwoTowerLSTMTowers
+from .towers_ssm import TwoTowerSSMTowers
+from .towers_transformer import TwoTowerTransformerTowers
+
+TOWER_KINDS = {kind.tower_type: kind for kind in (TwoTowerTransformerTowers, TwoTowerLSTMTowers, TwoTowerSSMTowers)}
 
 
-class TwoTowerTransformerTowers(nn.Module):
-    """
-    The towers' transformer layers, every tower at each depth at once, under one attention mask (causal or
-    bidirectional); the GPT layout ends each tower with its own LayerNorm (GPT-2's ln_f).
-    """
-
-    no_split_module = "TwoTowerDecoderLayer"
-
-    def __init__(self, config: TwoTowerConfig, bidirectional: bool):
-        super().__init__()
-        self.config = config  # transformers' mask functions read it (attention implementation)
-        self.bidirectional = bidirectional
-        self.layers = nn.ModuleList(
-            [TwoTowerDecoderLayer(config, layer_idx, bidirectional) for layer_idx in range(config.num_hidden_layers)]
-        )
-        self.tower_norm = (
-            TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
-            if config.layout == "gpt" else nn.Identity()
-        )
-
-    def forward(
-        self, hidden_states, inputs_embeds, attention_mask=None, position_ids=None, cache=None,
-        output_attentions=False, output_hidden_states=False,
-    ) -> TowerStackOutput:
-        mask = self._attention_mask(inputs_embeds, attention_mask, cache, position_ids, output_attentions)
-        all_hidden_states, all_attentions = (), () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, attn_weights = layer(
-                hidden_states, attention_mask=mask, cache=cache, output_attentions=output_attentions
-            )
-            if output_hidden_states:
-                all_hidden_states += (concat_towers(hidden_states),)
-            if output_attentions:
-                all_attentions += (attn_weights,)
-        return TowerStackOutput(self.tower_norm(hidden_states), all_hidden_states, all_attentions)
-
-    def _attention_mask(self, inputs_embeds, attention_mask, cache, position_ids, output_attentions):
-        # Attention weights come from the eager path, which needs the mask SDPA would skip.
-        # Packed rows (position_ids restarting inside a row, no attention_mask) attend within each sequence, as in
-        # transformers' own models; an empty cache holds no past, so it does not turn that off.
-        cache = cache if cache is not None and cache.get_seq_length() > 0 else None
-        if self.bidirectional:
-            batch_position_ids = position_ids.expand(inputs_embeds.shape[0], -1)
-            packed = None if attention_mask is not None else find_packed_sequence_indices(batch_position_ids)
-            return create_bidirectional_mask(
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                and_mask_function=None if packed is None else packed_sequence_mask_function(packed),
-                allow_is_bidirectional_skip=not output_attentions,
-            )
-        return create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            cache=cache,
-            position_ids=position_ids,
-            allow_is_causal_skip=not output_attentions,
-        )
+def tower_stack_class(config: TwoTowerConfig) -> type[TowerStack]:
+    """The stack class of the config's layout and tower type: its facts, without building it."""
+    return TwoTowerELMoTowers if config.layout == "elmo" else TOWER_KINDS[config.tower_type]
 
 
 def tower_stack(config: TwoTowerConfig, bidirectional: bool) -> nn.Module:
     """The towers' stack of the config's layout and tower type."""
     if config.layout == "elmo":
         return TwoTowerELMoTowers(config)
-    if config.tower_type == "lstm":
-        return TwoTowerLSTMTowers(config, bidirectional)
-    return TwoTowerTransformerTowers(config, bidirectional)
+    return TOWER_KINDS[config.tower_type](config, bidirectional)
 
 
-__all__ = ["TowerStackOutput", "TwoTowerTransformerTowers", "tower_stack"]
+__all__ = ["TOWER_KINDS", "TowerStack", "TowerStackOutput", "tower_stack", "tower_stack_class"]

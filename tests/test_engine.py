@@ -78,7 +78,7 @@ def test_joint_perplexity_is_the_models_own_forward_loss(objective):
     nll_sum, num_targets = 0.0, 0
     with torch.no_grad():
         for batch in batches():
-            passes = scoring_passes(batch["input_ids"], objective, "transformer", MASK_PASSES, MASK_TOKEN_ID)
+            passes = scoring_passes(batch["input_ids"], objective, model.model.towers, MASK_PASSES, MASK_TOKEN_ID)
             for inputs, labels in passes:
                 predicted = labels[:, 1:] if objective == "causal" else labels  # a causal LM predicts the next token
                 count = int((predicted != -100).sum())

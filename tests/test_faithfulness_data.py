@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
 from twotower.evaluation.scoring.score import collate_scored_blocks
 from twotower.evaluation.scoring.engine import score_blocks
 from twotower.training.data import (
@@ -131,7 +132,7 @@ def test_padding_is_never_a_target_and_special_tokens_never_masked(wikitext_bloc
     assert torch.equal(batch["attention_mask"] == 0, padding)
     assert torch.equal(batch["labels"] == -100, padding)
 
-    masking, _ = make_collators("masked", "transformer", bert_tokenizer, 0.15, seed=3)
+    masking, _ = make_collators("masked", TwoTowerTransformerTowers, bert_tokenizer, 0.15, seed=3)
     masked = masking(examples)
     assert torch.equal(masked["attention_mask"], batch["attention_mask"])
     special = sum(batch["input_ids"] == bert_tokenizer.convert_tokens_to_ids(token) for token in ("[CLS]", "[SEP]"))
@@ -154,7 +155,7 @@ def tiny_model(model_class, tokenizer, **overrides):
 @pytest.mark.parametrize("objective", ["causal", "masked"])
 def test_validation_loss_and_probe_cache_leave_the_padding_out(objective, wikitext_blocks, bert_tokenizer):
     model = tiny_model({"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}[objective], bert_tokenizer)
-    collator, _ = make_collators(objective, "transformer", bert_tokenizer, 0.15, seed=3)
+    collator, _ = make_collators(objective, TwoTowerTransformerTowers, bert_tokenizer, 0.15, seed=3)
     blocks = wikitext_blocks.select(range(12))
     batch = collator([example for example in blocks.with_format("torch")])
     targets = prediction_targets(batch["labels"], objective)

@@ -1,13 +1,5 @@
-"""The LM heads as modules: the fusion head and the control's independent heads, and checkpoints saved before
-they were modules loading to the same numbers.
-
-tests/fixtures holds those checkpoints, saved by the code of that time: a causal model, an independent-towers control
-and a masked model with two probes per tower, each `torch.manual_seed(0)` then `TwoTowerConfig(vocab_size=64,
-hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=20, max_position_embeddings=16)` in
-eval mode, with its logits and probe log-probabilities on a fixed input (expected.safetensors).
-"""
-
-from pathlib import Path
+"""The LM heads as modules: the fusion head and the control's independent heads (checkpoints saved before they were
+modules: tests/test_convert_checkpoint.py)."""
 
 import pytest
 import torch
@@ -19,44 +11,11 @@ from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM, TwoTowerModel
 from modeling_twotower.heads import TwoTowerFusionHead, TwoTowerIndependentHeads
 
-FIXTURES = Path(__file__).parent / "fixtures"
-OLD_CHECKPOINTS = [("causal", TwoTowerForCausalLM), ("control", TwoTowerForCausalLM), ("masked", TwoTowerForMaskedLM)]
 BATCH, SEQ, VOCAB = 3, 7, 61
 
 
 def tiny_model(model_class=TwoTowerForCausalLM, **kwargs):
     return tiny_two_tower(model_class, vocab_size=VOCAB, **kwargs)
-
-
-def outputs_on_the_fixed_input(model, expected):
-    with torch.no_grad():
-        logits = model(expected["input_ids"]).logits
-        if isinstance(model, TwoTowerForMaskedLM):
-            probe_logprobs = model.probe_logprobs(expected["input_ids"], labels=expected["labels"], all_replicas=True)
-        else:
-            probe_logprobs = model.probe_logprobs(expected["input_ids"])
-    return logits, probe_logprobs
-
-
-@pytest.mark.parametrize("name, model_class", OLD_CHECKPOINTS, ids=[name for name, _ in OLD_CHECKPOINTS])
-def test_checkpoints_from_before_the_head_modules_load_to_the_same_numbers(name, model_class, tmp_path):
-    model, info = model_class.from_pretrained(f"{FIXTURES}/{name}", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    expected = load_file(f"{FIXTURES}/{name}/expected.safetensors")
-    logits, probe_logprobs = outputs_on_the_fixed_input(model.eval(), expected)
-    # the expected outputs were computed on another CPU, whose float kernels round differently in the last bits
-    # (~1e-7 here); a weight loaded under a wrong name would be off by whole units
-    torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(probe_logprobs, expected["probe_logprobs"], rtol=1e-5, atol=1e-6)
-
-    # saved again, the checkpoint holds the current names and reloads to exactly the same numbers
-    model.save_pretrained(tmp_path)
-    assert not any(key.startswith(("fusion_", "tower_lm_heads.")) for key in load_file(tmp_path / "model.safetensors"))
-    reloaded, info = model_class.from_pretrained(tmp_path, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"]
-    reloaded_logits, reloaded_probe_logprobs = outputs_on_the_fixed_input(reloaded.eval(), expected)
-    torch.testing.assert_close(reloaded_logits, logits, rtol=0, atol=0)
-    torch.testing.assert_close(reloaded_probe_logprobs, probe_logprobs, rtol=0, atol=0)
 
 
 def test_the_config_chooses_the_head_once():
@@ -110,10 +69,10 @@ def test_sparse_prediction_gives_the_dense_loss_gradients_and_labelled_logits(co
 
 
 @pytest.mark.parametrize("model_class", [TwoTowerModel, TwoTowerForCausalLM, TwoTowerForMaskedLM])
-def test_the_legacy_renaming_is_for_loading_only(model_class, tmp_path):
+def test_no_conversion_is_registered_and_a_callers_key_mapping_applies(model_class, tmp_path):
     # transformers' common test_reverse_loading_mapping takes every conversion the model type registers, reverses it
-    # on save and asks that each pattern match a saved key; the legacy names match none, so they are not registered:
-    # the model has no conversion to reverse, and a save and load round trip is exact
+    # on save and asks that each pattern match a saved key: the model registers none (earlier names are converted
+    # once by scripts/convert_checkpoint.py), and a save and load round trip is exact
     model = tiny_model(model_class)
     assert get_model_conversion_mapping(model, add_legacy=False) == []
     model.save_pretrained(tmp_path)
@@ -121,7 +80,7 @@ def test_the_legacy_renaming_is_for_loading_only(model_class, tmp_path):
     assert saved.keys() == model.state_dict().keys() - model.all_tied_weights_keys.keys()
     reloaded = model_class.from_pretrained(tmp_path)
     assert all(torch.equal(tensor, reloaded.state_dict()[name]) for name, tensor in model.state_dict().items())
-    # a caller's own key_mapping replaces the legacy one
+    # a caller's own key_mapping applies
     renamed = {f"renamed.{name}": tensor for name, tensor in saved.items()}
     save_file(renamed, tmp_path / "model.safetensors", metadata={"format": "pt"})
     remapped = model_class.from_pretrained(tmp_path, key_mapping={"^renamed.": ""})

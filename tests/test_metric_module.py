@@ -17,7 +17,7 @@ import evaluate  # noqa: E402
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM  # noqa: E402
 from twotower.evaluation import compute_preference  # noqa: E402
-from twotower.evaluation.scoring.ablation import MeanAblation, joint_nll  # noqa: E402
+from twotower.evaluation.scoring.ablation import MeanAblation  # noqa: E402
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -242,8 +242,8 @@ def test_the_metric_takes_ablation_increases_for_the_ablation_preference(tower_p
     features, targets = torch.randn(2, 300, 16), torch.randint(0, 30, (300,))
     ablation = MeanAblation(features.mean(dim=1), vocab_size=30)
     with torch.no_grad():
-        nll = joint_nll(model, features, targets)
-        ablation.update(model, features, targets, nll)
+        nll = torch.nn.functional.cross_entropy(model.joint_logits(features.unsqueeze(1))[0], targets, reduction="none")
+        ablation.update(model, features, targets)
         increases = []
         for tower in (0, 1):
             ablated = features.clone()

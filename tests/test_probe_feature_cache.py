@@ -137,7 +137,7 @@ def cached_splits(config: TwoTowerTrainingConfig, accelerator) -> dict:
     lm_datasets = {"train": lm_datasets["train"].select(range(TRAIN_BLOCKS)),
                    "validation": lm_datasets["validation"].select(range(EVAL_BLOCKS))}  # fmt: skip
     model = TwoTowerForCausalLM.from_pretrained(config.pretrained_model).eval()
-    collators = make_collators("causal", model.config.tower_type, tokenizer, 0.15, config.seed)
+    collators = make_collators("causal", model.model.towers, tokenizer, 0.15, config.seed)
     return cache_both_splits(accelerator, model, lm_datasets, collators, "causal", config)
 
 

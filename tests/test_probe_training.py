@@ -142,7 +142,7 @@ def test_cached_features_equal_the_backbone_recomputed(family, storage, corpus, 
     model_dir = saved_model(corpus, tmp_path / "model", model_class, **overrides)
     model = model_class.from_pretrained(model_dir).eval()
     tokenizer = load_tokenizer(model_dir)
-    train_collator, _ = make_collators(objective, model.config.tower_type, tokenizer, 0.15, seed=5)
+    train_collator, _ = make_collators(objective, model.model.towers, tokenizer, 0.15, seed=5)
     dataset = tokenize_and_group(load_raw_datasets("unused", None, corpus["train_file"]), tokenizer, BLOCK_SIZE)
     disk_file = tmp_path / "features.bin" if storage == "disk" else None
     cache = build_feature_cache(Accelerator(cpu=True), model, dataset["train"].select(range(12)), train_collator,

@@ -331,11 +331,11 @@ def test_mean_ablation_names_features_of_other_towers():
     targets = torch.tensor([1, 2, 3])
     with pytest.raises(ValueError, match=r"MeanAblation holds means of shape \[2, 64\] \(\[towers, hidden\]\) but was "
                                          r"given features of shape \[1, 3, 64\]"):  # fmt: skip
-        ablation.update(model, torch.zeros(1, 3, 64), targets, torch.zeros(3))
-    with pytest.raises(ValueError, match=r"`joint_nll_per_position` has shape \[2\], the features hold 3 positions"):
-        ablation.update(model, torch.zeros(2, 3, 64), targets, torch.zeros(2))
+        ablation.update(model, torch.zeros(1, 3, 64), targets)
+    with pytest.raises(ValueError, match=r"`scored_targets` has shape \[2\], the features hold 3 positions"):
+        ablation.update(model, torch.zeros(2, 3, 64), targets[:2])
     with torch.inference_mode():  # as scoring runs it
-        increases = ablation.update(model, torch.zeros(2, 3, 64), targets, torch.zeros(3))
+        increases = ablation.update(model, torch.zeros(2, 3, 64), targets)
     assert increases.shape == (2, 3)
 
 

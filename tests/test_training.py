@@ -394,12 +394,12 @@ def test_flops_per_token_counts_every_matmul_weight(architecture):
     tied_decoder = model.lm_head.decoder.weight.numel() if config.cooperative else 0
     trained = matmul_weights(("model.", "lm_head.")) + tied_decoder
     attention = 0 if config.tower_type == "lstm" else 2 * 2 * 64 * block_size  # layers * towers * width * context
-    assert flops_per_token(config, block_size, "pretrain") == 6 * trained + 12 * attention
+    assert flops_per_token(model, block_size, "pretrain") == 6 * trained + 12 * attention
     # The probe phase caches the frozen towers' features once: a step trains only the probes, every replica.
-    assert flops_per_token(config, block_size, "probe") == 6 * matmul_weights(("probes.",))
+    assert flops_per_token(model, block_size, "probe") == 6 * matmul_weights(("probes.",))
     for replicas, probe_type in ((3, "mlp"), (2, "linear")):
         model.reset_probes(replicas, probe_type)
-        assert flops_per_token(config, block_size, "probe") == 6 * matmul_weights(("probes.",))
+        assert flops_per_token(model, block_size, "probe") == 6 * matmul_weights(("probes.",))
 
 
 def test_a_compiled_model_is_saved_under_its_own_parameter_names():

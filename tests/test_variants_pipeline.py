@@ -290,4 +290,4 @@ def test_flops_per_token_counts_both_lstm_stacks_of_the_elmo_towers():
         param.numel() for name, param in model.named_parameters()
         if name.startswith(("model.", "lm_head.")) and "weight" in name and "embed_" not in name and "norm" not in name
     ) + model.lm_head.decoder.weight.numel()  # fmt: skip
-    assert flops_per_token(config, 128, "pretrain") == 6 * trained
+    assert flops_per_token(model, 128, "pretrain") == 6 * trained

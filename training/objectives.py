@@ -10,6 +10,7 @@ import hashlib
 
 import numpy as np
 import torch
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, DataCollatorForLanguageModeling
 
 from .data import collate_blocks
@@ -17,6 +18,7 @@ from .data import collate_blocks
 OBJECTIVES = ("causal", "masked")
 ARCHITECTURES = {"causal": "TwoTowerForCausalLM", "masked": "TwoTowerForMaskedLM"}
 AUTO_CLASSES = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM}
+MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}
 
 
 def objective_of(model_or_config) -> str:
@@ -41,14 +43,15 @@ def objective_of(model_or_config) -> str:
     )
 
 
-def needs_masking(objective: str, tower_type: str) -> bool:
-    """Only masked transformer towers must hide the tokens they predict (ELMo-style LSTMs never read them)."""
-    return objective == "masked" and tower_type != "lstm"
+def needs_masking(objective: str, towers) -> bool:
+    """Whether a masked model must hide the tokens it predicts: its stack `towers` (a TowerStack, or its class,
+    `model.model.towers` or `tower_stack_class(config)`) sees them (transformers) or not (ELMo-style pairs)."""
+    return objective == "masked" and towers.sees_predicted_token
 
 
 def target_shift(objective: str) -> int:
     """How far ahead position t predicts: 1 for a causal LM (token t + 1), 0 for a masked LM (token t itself)."""
-    return 1 if objective == "causal" else 0
+    return MODEL_CLASSES[objective].target_shift  # the model's alignment, for code that holds no model
 
 
 def prediction_targets(labels: torch.LongTensor, objective: str) -> torch.LongTensor:
@@ -96,8 +99,8 @@ class SeededMaskingCollator(DataCollatorForLanguageModeling):
         return batch
 
 
-def check_tokenizer_for_objective(tokenizer, objective: str, tower_type: str) -> None:
-    if needs_masking(objective, tower_type) and tokenizer.mask_token is None:
+def check_tokenizer_for_objective(tokenizer, objective: str, towers) -> None:
+    if needs_masking(objective, towers) and tokenizer.mask_token is None:
         raise ValueError(
             f"The masked objective with transformer towers needs a tokenizer with a mask token, and "
             f"{type(tokenizer).__name__} ({len(tokenizer)} tokens) has none. Use a BERT WordPiece vocabulary "
@@ -105,11 +108,11 @@ def check_tokenizer_for_objective(tokenizer, objective: str, tower_type: str) ->
         )
 
 
-def make_collators(objective: str, tower_type: str, tokenizer, mlm_probability: float, seed: int):
+def make_collators(objective: str, towers, tokenizer, mlm_probability: float, seed: int):
     """(train collator, validation collator). Validation masks stay fixed (epoch 0), so evaluations compare."""
-    if not needs_masking(objective, tower_type):
+    if not needs_masking(objective, towers):
         return collate_blocks, collate_blocks
-    check_tokenizer_for_objective(tokenizer, objective, tower_type)
+    check_tokenizer_for_objective(tokenizer, objective, towers)
     return (
         SeededMaskingCollator(tokenizer, mlm_probability, seed),
         SeededMaskingCollator(tokenizer, mlm_probability, seed),

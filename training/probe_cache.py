@@ -35,7 +35,7 @@ from .data import collate_blocks
 from .feature_cache_checks import ShardWatch, ShardWriter, build_verified, explicit_cache_note, map_shard
 from .utils.atomic import free_bytes, readable_bytes
 from .utils.errors import TwoTowerUserError
-from .objectives import predicting_positions, prediction_targets, target_shift
+from .objectives import prediction_targets, target_shift
 
 CACHE_DIR = "probe_feature_cache"  # under output_dir, with --probe_feature_cache disk; removed when the run ends
 SPLITS = ("train", "validation")
@@ -198,10 +198,8 @@ def batch_features(accelerator, model, batch: dict, objective: str, dtype: torch
         attention_mask = attention_mask.to(accelerator.device)
     with accelerator.autocast():
         features = model.probe_features(input_ids, attention_mask)  # [towers, batch, seq, hidden]
-    targets = prediction_targets(labels, objective)  # [batch, seq - shift]
-    predicted = targets != -100
-    rows = predicting_positions(features, objective, seq_dim=2)[:, predicted].transpose(0, 1).to(dtype)
-    return rows, targets[predicted], predicted.sum(-1)
+    rows, targets = model.scored_features(features, labels)  # [towers, n, hidden], [n]
+    return rows.transpose(0, 1).to(dtype), targets, model.prediction_targets(labels).ne(-100).sum(-1)
 
 
 @torch.no_grad()

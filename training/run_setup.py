@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from modeling_twotower.towers import tower_stack_class
 from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .arguments import TwoTowerTrainingConfig
@@ -24,7 +25,7 @@ from .tokenizer import build_tokenizer
 
 
 def get_datasets(
-    config: TwoTowerTrainingConfig, accelerator: Accelerator, objective: str, tower_type: str, resume_checkpoint=None
+    config: TwoTowerTrainingConfig, accelerator: Accelerator, objective: str, towers, resume_checkpoint=None
 ):
     """Raw text -> tokenizer -> blocks of block_size tokens: (tokenizer, train and validation blocks, collators)."""
     with accelerator.main_process_first():
@@ -32,7 +33,7 @@ def get_datasets(
             config.dataset_name, config.dataset_config_name, config.train_file, config.validation_file
         )
     tokenizer = build_tokenizer(config, raw_datasets["train"], accelerator, resume_checkpoint, objective == "masked")
-    collators = make_collators(objective, tower_type, tokenizer, config.mlm_probability, config.seed)
+    collators = make_collators(objective, towers, tokenizer, config.mlm_probability, config.seed)
     with accelerator.main_process_first():  # the main process tokenizes; the others read its cache
         lm_datasets = tokenize_and_group(
             raw_datasets, tokenizer, config.block_size, config.text_column_name,
@@ -81,7 +82,7 @@ def prepare_run(config: TwoTowerTrainingConfig, phase: TrainingPhase, accelerato
 
     # Data, model, optimizer: the whole model trains in pretraining, only the probes in the probe phase
     tokenizer, lm_datasets, collators = get_datasets(
-        config, accelerator, objective, model_config.tower_type, resume_checkpoint
+        config, accelerator, objective, tower_stack_class(model_config), resume_checkpoint
     )
     model = phase.build_model(model_config, tokenizer, objective)
     trained = phase.trained_module(model, accelerator.device)
@@ -116,7 +117,7 @@ def start_accounting(run: TrainingRun) -> None:
     """Trackers, and what throughput and MFU are measured against."""
     config, accelerator = run.config, run.accelerator
     accelerator.init_trackers(run.phase.name, config=vars(config))
-    run.train_flops_per_token = flops_per_token(run.model.config, config.block_size, run.phase.name)
+    run.train_flops_per_token = flops_per_token(run.model, config.block_size, run.phase.name)
     matmul_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(accelerator.mixed_precision, torch.float32)
     run.peak_flops, peak_source = resolve_peak_flops(accelerator.device, matmul_dtype, config.peak_tflops)
     accelerator.print(f"MFU peak: {run.peak_flops / 1e12:.3g} TFLOP/s per device ({peak_source})")

@@ -1,9 +1,13 @@
-"""Tokens per second and model FLOPs utilization (MFU): the FLOPs per token counted from the model config, and the
+"""Tokens per second and model FLOPs utilization (MFU): the FLOPs per token counted on the built model, and the
 peak FLOP/s of the device that MFU divides by."""
 
+import copy
 import time
 
 import torch
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower.batched_layers import TwoTowerBatchedLinear
+from torch import nn
 
 # Dense (no sparsity) peaks from NVIDIA's datasheets in TFLOP/s, per matmul format. Matched in order against torch's
 # device name, the first key it contains wins: "H100 NVL" and "H100 PCIe" come before "H100".
@@ -17,53 +21,43 @@ DATASHEET_PEAK_TFLOPS = (
 )
 
 
-def _tower_weights(config) -> int:
-    """Matmul weights of all towers: each tower's projection from the shared embedding (if any), then its layers."""
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    layout = getattr(config, "layout", "bert")  # configs from before layouts: bert
-    if layout == "elmo":
-        # per tower: one projection applied to both directions, then per direction an unprojected LSTM (input and
-        # recurrent weights into the 4 gates of every cell) and a Linear from the cells back to half the width
-        half, cells = hidden // 2, config.lstm_hidden_size
-        lstm = 4 * cells * (half + cells) + (layers - 1) * 4 * cells * 2 * cells
-        return config.num_towers * (2 * config.embedding_size * half + 2 * (lstm + cells * half))
-    if config.tower_type == "lstm":
-        # input and recurrent weights into the 4 gates of every cell, then the projection back to the tower width
-        per_layer = 8 * config.lstm_hidden_size * hidden + config.lstm_hidden_size * hidden
-        if config.bidirectional:  # ELMo-style: a backward stack too, and [left; right] context -> tower width
-            layers, context_proj = 2 * layers, 2 * hidden * hidden
-            return config.num_towers * (config.embedding_size * hidden + layers * per_layer + context_proj)
-    else:
-        per_layer = 4 * hidden * hidden + 2 * hidden * config.intermediate_size  # q, k, v, o; MLP up and down
-    projection = 0 if layout == "gpt" else config.embedding_size * hidden  # gpt towers read the embedding as it is
-    return config.num_towers * (projection + layers * per_layer)
+# Modules whose weights each multiply a token's activations once; embedding lookups are free, and biases and norms
+# negligible (nanoGPT's count, which torch's FLOP counter confirms).
+MATMUL_MODULES = (nn.Linear, nn.Conv1d, TwoTowerBatchedLinear)
 
 
-def _probe_shaped_weights(config, num_heads: int, probe_type: str = "mlp") -> int:
-    """Matmul weights of `num_heads` probe-shaped heads: a dense layer (mlp), then the untied vocabulary projection."""
-    width = getattr(config, "probe_hidden_size", config.hidden_size) if probe_type == "mlp" else config.hidden_size
-    dense = config.hidden_size * width if probe_type == "mlp" else 0
-    return num_heads * (dense + width * config.vocab_size)
+def matmul_weights(module: nn.Module) -> int:
+    """The weights of every matmul in `module`: Linear, batched Linear and convolution weights, LSTM weight matrices."""
+    count = 0
+    for submodule in module.modules():
+        if isinstance(submodule, MATMUL_MODULES):
+            count += submodule.weight.numel()
+        elif isinstance(submodule, nn.LSTM):
+            count += sum(param.numel() for name, param in submodule.named_parameters() if name.startswith("weight"))
+    return count
 
 
-def flops_per_token(config, block_size: int, phase: str) -> float:
+def flops_per_token(model, block_size: int, phase: str) -> float:
     """
-    Model FLOPs to train on one token, nanoGPT's estimate (PaLM appendix B): 6 per matmul weight for forward +
-    backward, plus 12 * layers * width * context for attention scores, summed over towers. Embedding lookups are
-    free; the tied decoder is counted through lm_head (the independent-towers control has one untied head per
-    tower instead of the fusion head). In the probe phase the frozen towers ran once, before training, to cache
-    their features, so a step trains only the probes: 6 per weight of every probe (each replica of each tower),
-    per cached position. LSTM towers count a backward stack where `config.bidirectional` is set (the training
-    command saves it in every model's config).
+    Model FLOPs to train on one token, nanoGPT's estimate (PaLM appendix B), counted on the built two-tower LM
+    `model`: 6 per matmul weight for forward + backward (the tied decoder once, as lm_head), plus what its tower
+    stack declares beyond its weights (`TowerStack.extra_flops_per_token`: attention scores over `block_size`). In
+    the probe phase the frozen towers ran once, before training, to cache their features, so a step trains only the
+    probes: 6 per weight of every probe (each replica of each tower), per cached position.
     """
     if phase == "probe":
-        return 6 * _probe_shaped_weights(config, config.num_probes, config.probe_type)
-    attention = 0
-    if config.tower_type != "lstm":
-        attention = config.num_hidden_layers * config.num_towers * config.hidden_size * block_size
-    fusion_and_decoder = (config.fused_hidden_size + config.vocab_size) * config.embedding_size
-    head = fusion_and_decoder if config.cooperative else _probe_shaped_weights(config, config.num_towers)
-    return 6 * (_tower_weights(config) + head) + 12 * attention
+        return 6 * matmul_weights(model.probes)
+    trained = matmul_weights(model.model) + matmul_weights(model.lm_head)
+    return 6 * trained + model.model.towers.extra_flops_per_token(block_size)
+
+
+def config_flops_per_token(config, block_size: int, phase: str) -> float:
+    """`flops_per_token` of the LM that `config` describes, built on the meta device (no memory, no weights drawn):
+    the masked LM if its config is bidirectional (as the training command saves it), else the causal LM."""
+    masked = config.bidirectional or config.layout == "elmo"
+    with torch.device("meta"):
+        model = (TwoTowerForMaskedLM if masked else TwoTowerForCausalLM)(copy.deepcopy(config))
+    return flops_per_token(model, block_size, phase)
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32) -> float:

@@ -5,7 +5,6 @@ import math
 import torch
 from torch.nn import functional as F
 
-from .objectives import objective_of, predicting_positions, prediction_targets
 
 def perplexity(mean_nll: float) -> float:
     """exp(mean NLL), capped where exp would overflow (past ~709)."""
@@ -25,14 +24,14 @@ def evaluate_blocks(accelerator, model, eval_dataloader) -> dict:
     the padding samples of the last batch).
     """
     model.eval()
-    objective = objective_of(accelerator.unwrap_model(model))
+    unwrapped = accelerator.unwrap_model(model)
     totals = None
     for batch in eval_dataloader:
-        targets = prediction_targets(batch["labels"], objective)  # [batch, seq - shift]
+        targets = unwrapped.prediction_targets(batch["labels"])  # [batch, seq - shift]
         with accelerator.autocast():
             # sentence-pair blocks carry an attention_mask: no position attends to the padding
             outputs = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
-            logits = predicting_positions(outputs.logits, objective, seq_dim=1)
+            logits = unwrapped.predicting_positions(outputs.logits, seq_dim=1)
         nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none", ignore_index=-100)
         sums = torch.stack([targets.ne(-100).sum(-1), nll.view(targets.shape).sum(-1)], dim=1).double()  # [batch, 2]
         sums = accelerator.gather_for_metrics(sums).sum(0)

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from modeling_twotower import TwoTowerConfig
+from modeling_twotower.towers import tower_stack_class
 from transformers import AutoTokenizer
 
 from ..scoring.report_files import PREFERENCE_JSON
@@ -33,12 +35,6 @@ TOP_TOKENS_IN_CARD = 10
 TAGS = ["twotower", "two-tower", "tower-preference", "custom_code"]
 PIPELINE_TAGS = {"causal": "text-generation", "masked": "fill-mask"}
 TASK_NAMES = {"causal": "Causal language modeling", "masked": "Masked language modeling"}
-TOWER_NAMES = {
-    ("causal", "transformer"): "causal transformer (GPT-style)",
-    ("masked", "transformer"): "bidirectional transformer (BERT-style)",
-    ("causal", "lstm"): "forward LSTM",
-    ("masked", "lstm"): "forward + backward LSTM (ELMo-style)",
-}
 DATA_PATH_KEYS = ("train_file", "validation_file", "tokenizer_name_or_path")  # named in the card by short_path
 
 # what the template calls on user data (file names, dataset and model names, free text, tokens): shown as written
@@ -58,17 +54,16 @@ def model_card_template() -> Path:
 
 def describe_family(model_config: dict) -> dict:
     """What kind of two-tower model this is: objective, towers, cooperation, and its Hub names and tags."""
-    objective, tower_type = objective_of(model_config), model_config.get("tower_type", "transformer")
-    cooperative = model_config.get("cooperative", True)
-    tags = [*TAGS, "causal-lm" if objective == "causal" else "masked-lm"]
-    tags += ["lstm"] if tower_type == "lstm" else []
+    objective, config = objective_of(model_config), TwoTowerConfig.from_dict(model_config)
+    towers, cooperative = tower_stack_class(config), config.cooperative
+    tags = [*TAGS, "causal-lm" if objective == "causal" else "masked-lm", *towers.card_tags]
     tags += [] if cooperative else ["independent-towers-control"]
     return {
         "objective": objective,
         "kind": "causal language model" if objective == "causal" else "masked language model",
-        "towers": TOWER_NAMES[objective, tower_type],
-        "tower_type": tower_type,
-        "masking": needs_masking(objective, tower_type),
+        "towers": towers.card_names[objective == "masked"],
+        "tower_type": config.tower_type,
+        "masking": needs_masking(objective, towers),
         "cooperative": cooperative,
         "auto_class": AUTO_CLASSES[objective].__name__,
         "pipeline_tag": PIPELINE_TAGS[objective],
@@ -91,16 +86,16 @@ def describe_architecture(model_config: dict, weight_files: list[Path], tokenize
     fused_hidden_size = model_config["num_towers"] * model_config["hidden_size"]
     return {
         **{name: model_config[name] for name in (*names, "vocab_size", "max_position_embeddings")},
-        "layout": model_config.get("layout", "bert"),  # older configs: the bert layout
-        "initialization": model_config.get("initialization", "normal"),
-        "lstm_hidden_size": model_config.get("lstm_hidden_size"),
+        "layout": model_config["layout"],
+        "initialization": model_config["initialization"],
+        "lstm_hidden_size": model_config["lstm_hidden_size"],
         "fused_hidden_size": fused_hidden_size,
-        "embedding_size": model_config.get("embedding_size") or fused_hidden_size,  # older configs: the fused width
+        "embedding_size": model_config["embedding_size"],
         "tokenizer_size": len(tokenizer),
         "num_parameters": num_parameters,
         "num_probe_parameters": num_probe_parameters,
-        "probe_replicas": model_config.get("probe_replicas", 1),  # older configs: one probe per tower
-        "probe_type": model_config.get("probe_type", "mlp"),
+        "probe_replicas": model_config["probe_replicas"],
+        "probe_type": model_config["probe_type"],
         "dtype": model_config.get("dtype", "float32"),
     }
 

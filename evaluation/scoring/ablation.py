@@ -13,9 +13,6 @@ mean_logprob is then meaningless, its preference_nats, p_value and significant a
 
 import numpy as np
 import torch
-from torch.nn import functional as F
-
-from twotower.training.objectives import objective_of, predicting_positions, prediction_targets
 
 from .cross_fitting import pooled_pearson
 from ..tower_preference.measure_agreement import measure_agreement
@@ -29,13 +26,7 @@ ABLATION_SUMMARY_FIELDS = summary_keys(
 )
 
 
-def joint_nll(model, scored_features: torch.Tensor, scored_targets: torch.LongTensor) -> torch.Tensor:
-    """The joint model's NLL [n] at scored positions, from their features [towers, n, hidden]."""
-    logits = model.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
-    return F.cross_entropy(logits.float(), scored_targets, reduction="none")
-
-
-def check_ablation_shapes(feature_means, scored_features, scored_targets, joint_nll_per_position) -> None:
+def check_ablation_shapes(feature_means, scored_features, scored_targets) -> None:
     """One clear error when the means, features and targets of an ablation pass are not of the same towers and
     positions (torch's own names no argument)."""
     means, features = tuple(feature_means.shape), tuple(scored_features.shape)
@@ -45,11 +36,9 @@ def check_ablation_shapes(feature_means, scored_features, scored_targets, joint_
             f"{list(features)} ([towers, n, hidden]): give the features of the towers the means were taken over "
             "(`tower_feature_means` of the same model), all towers at once."
         )
-    positions = {"targets": tuple(scored_targets.shape), "joint_nll_per_position": tuple(joint_nll_per_position.shape)}
-    for name, shape in positions.items():
-        if shape != (features[1],):
-            raise ValueError(f"MeanAblation.update: `{name}` has shape {list(shape)}, the features hold "
-                             f"{features[1]} positions: give one value per scored position, [n].")
+    if tuple(scored_targets.shape) != (features[1],):
+        raise ValueError(f"MeanAblation.update: `scored_targets` has shape {list(scored_targets.shape)}, the features "
+                         f"hold {features[1]} positions: give one target per scored position, [n].")
 
 
 class MeanAblation:
@@ -66,16 +55,12 @@ class MeanAblation:
         self.accumulator = PreferenceAccumulator(num_towers=feature_means.shape[0], vocab_size=vocab_size)
         self.increase_sums = np.zeros(feature_means.shape[0])  # [towers] float64, over all scored positions
 
-    def update(self, model, scored_features, scored_targets, joint_nll_per_position) -> np.ndarray:
-        """One scoring pass: features [towers, n, hidden] of its scored positions, their targets [n] and the
-        joint model's NLL there [n]; returns the increases [towers, n]."""
-        check_ablation_shapes(self.feature_means, scored_features, scored_targets, joint_nll_per_position)
-        increases = []
-        for tower, mean in enumerate(self.feature_means):
-            ablated = scored_features.clone()
-            ablated[tower] = mean.to(ablated.dtype)
-            increases.append(joint_nll(model, ablated, scored_targets) - joint_nll_per_position)
-        increases = torch.stack(increases).double().cpu().numpy()  # [towers, n]
+    def update(self, model, scored_features, scored_targets) -> np.ndarray:
+        """One scoring pass of `model`: features [towers, n, hidden] of its scored positions and their targets [n]
+        (`model.scored_features`); returns the increases [towers, n] (`model.ablation_increases`)."""
+        check_ablation_shapes(self.feature_means, scored_features, scored_targets)
+        increases = model.ablation_increases(scored_features, scored_targets, self.feature_means)
+        increases = increases.double().cpu().numpy()  # [towers, n]
         self.increase_sums += increases.sum(axis=1)
         # The accumulator takes log-probabilities (<= 0) and tests differences between towers at each position, so
         # the increases enter less their largest at the position: the differences, hence the test, are the increases'.
@@ -93,11 +78,9 @@ def tower_feature_means(model, passes) -> torch.Tensor:
     Each tower's mean feature [towers, hidden] (float32) over the scored positions of `passes`, an iterable of
     (inputs, labels, attention_mask) scoring passes (engine.py's).
     """
-    objective, total, count = objective_of(model), None, 0
+    total, count = None, 0
     for inputs, labels, attention_mask in passes:
-        scored = prediction_targets(labels, objective) != -100
-        features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
-        features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
+        features, _ = model.scored_features(model.probe_features(inputs, attention_mask), labels)  # [towers, n, hidden]
         sums = features.double().sum(dim=1)
         total = sums if total is None else total + sums
         count += features.shape[1]

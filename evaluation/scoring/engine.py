@@ -12,15 +12,9 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from twotower.training.objectives import (
-    needs_masking,
-    objective_of,
-    predicting_positions,
-    prediction_targets,
-    target_shift,
-)
+from twotower.training.objectives import needs_masking, objective_of
 
-from .ablation import MeanAblation, joint_nll, tower_feature_means
+from .ablation import MeanAblation, tower_feature_means
 from ..tower_preference.preference_stats import PreferenceAccumulator
 from ..tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
@@ -28,7 +22,7 @@ from ..tower_preference.replica_preference import ReplicaPreferenceAccumulator
 DEFAULT_MASK_PASSES = round(1 / 0.15)  # as many passes as a 15% masking needs to cover every token: 7
 
 
-def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable=None):
+def scoring_passes(input_ids, objective, towers, mask_passes, mask_token_id, scorable=None):
     """
     (inputs, labels) of each pass over a batch [batch, seq]; together the passes score every token exactly once.
 
@@ -36,8 +30,9 @@ def scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id,
     towers: pass k replaces the positions p with p % mask_passes == k by the mask token (no 80/10/10: the score
     of a token must not depend on a random draw) and labels them. ELMo-style LSTM towers: one unmasked pass.
     `scorable` [batch, seq] (sentence-pair blocks): the positions that may be scored or masked; None for all.
+    `towers`: the model's stack (`model.model.towers`), which says whether it sees the token it predicts.
     """
-    if not needs_masking(objective, tower_type):
+    if not needs_masking(objective, towers):
         yield input_ids, input_ids if scorable is None else input_ids.masked_fill(~scorable, -100)
         return
     position = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -159,25 +154,22 @@ def _batch_passes(batch, device, model, mask_passes, mask_token_id):
     attention_mask, scorable = batch.get("attention_mask"), None  # sentence-pair blocks: padding, never scored
     if attention_mask is not None:
         attention_mask, scorable = attention_mask.to(device), batch["labels"].to(device) != -100
-    objective, tower_type = objective_of(model), model.config.tower_type
-    for inputs, labels in scoring_passes(input_ids, objective, tower_type, mask_passes, mask_token_id, scorable):
+    objective, towers = objective_of(model), model.model.towers
+    for inputs, labels in scoring_passes(input_ids, objective, towers, mask_passes, mask_token_id, scorable):
         yield inputs, labels, attention_mask
 
 
 def _score_pass(model, probe_models, inputs, labels, attention_mask, ablation, probe_chunk_size) -> ScoredPass:
     """One pass of the towers over a batch, and from it the joint model's NLL and every probe set's gold
     log-probabilities at the scored positions (and, with `ablation`, the ablation increases there)."""
-    objective = objective_of(model)
-    targets = prediction_targets(labels, objective)  # [batch, seq - shift]
-    scored = targets != -100
+    targets = model.prediction_targets(labels)  # [batch, seq - shift]
+    scored = targets != -100  # a masking pass scores 1 in mask_passes positions: only those
     features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
-    # a masking pass scores 1 in mask_passes positions: only those
-    scored_features = predicting_positions(features, objective, seq_dim=2)[:, scored]  # [towers, n, hidden]
-    nll = joint_nll(model, scored_features, targets[scored])  # [n]
-    increases = None if ablation is None else ablation.update(model, scored_features, targets[scored], nll)
+    nll = -model.joint_logprobs(inputs, attention_mask, labels, features=features)[scored]  # [n]
+    increases = None if ablation is None else ablation.update(model, *model.scored_features(features, labels))
     gold = [_gold_logprobs(probe_model, inputs, labels, features, scored, probe_chunk_size)
             for probe_model in probe_models]
-    return ScoredPass(scored, target_shift(objective), targets[scored].cpu().numpy(), nll, gold, increases)
+    return ScoredPass(scored, model.target_shift, targets[scored].cpu().numpy(), nll, gold, increases)
 
 
 @torch.inference_mode()

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from datasets import DatasetDict
+from modeling_twotower.towers import tower_stack_class
 from torch.utils.data import DataLoader
 
 from twotower.training.arguments import DataArguments
@@ -280,11 +281,11 @@ def collate_scored_blocks(examples, unscored_ids=()):
     return batch
 
 
-def masking_description(objective, tower_type, mask_passes):
+def masking_description(objective, towers, mask_passes):
     """How the scored predictions were made, in words (preference.json settings and report.md)."""
     if objective == "causal":
         return "none: next-token prediction, every token after the first of each block scored once"
-    if tower_type == "lstm":
+    if not towers.sees_predicted_token:
         return "none: ELMo-style towers never read the token they predict; every token scored once, unmasked"
     return (
         f"{mask_passes} deterministic passes, each token masked once (pass k replaces the positions p with "
@@ -317,7 +318,7 @@ def _tokenizer_that_fits(args, model_config):
     """The model folder's tokenizer, checked against the model: its vocabulary, its mask token, its positions."""
     tokenizer = load_tokenizer(args.model_dir)
     check_tokenizer_fits(tokenizer, model_config.vocab_size)
-    if needs_masking(objective_of(model_config), model_config.tower_type) and tokenizer.mask_token_id is None:
+    if needs_masking(objective_of(model_config), tower_stack_class(model_config)) and tokenizer.mask_token_id is None:
         raise TwoTowerUserError(
             f"{args.model_dir} holds a masked LM but its tokenizer has no mask token to score it with; save the "
             "tokenizer the model was trained with (the training command does)."
@@ -361,12 +362,12 @@ def score_model(model_dir, output_dir, **options):
     check_output_dir(args.output_dir, args.model_dir)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     model = load_two_tower(args.model_dir, DTYPES[args.dtype]).to(device)
-    objective, tower_type = objective_of(model), model.config.tower_type
+    objective, towers = objective_of(model), model.model.towers
     tokenizer = _tokenizer_that_fits(args, model.config)
 
     blocks = load_blocks(args, tokenizer)
     # a masked LM never predicts the [CLS] and [SEP] of sentence-pair blocks (nor, as any model, their padding)
-    unscored_ids = [tokenizer.cls_token_id, tokenizer.sep_token_id] if needs_masking(objective, tower_type) else []
+    unscored_ids = [tokenizer.cls_token_id, tokenizer.sep_token_id] if needs_masking(objective, towers) else []
     collate = partial(collate_scored_blocks, unscored_ids=[token for token in unscored_ids if token is not None])
     dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate)
     passages = ScoredPassages(args.token_view_blocks)
@@ -396,7 +397,7 @@ def score_model(model_dir, output_dir, **options):
             "num_predictions": accumulator.num_predictions,
         },
         "settings": {field: getattr(args, field) for field in SETTINGS_FIELDS}
-        | {"objective": objective, "masking": masking_description(objective, tower_type, args.mask_passes)}
+        | {"objective": objective, "masking": masking_description(objective, towers, args.mask_passes)}
         | {"device": device.type},
         "perplexity": {"joint": perplexity(scores.joint_mean_nll)}
         | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),

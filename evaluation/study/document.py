@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from modeling_twotower.towers import TOWER_KINDS
 
 from twotower.training.utils.atomic import write_text_atomically
 
@@ -254,7 +255,7 @@ def family_quality(summaries, family, control, text, unigram_entropy):
         "unigram_entropy_nats": unigram_entropy,
     }
     model = next(summary for summary in summaries if summary["run"]["family"] == family)["model"]
-    if model == {"objective": "masked", "tower_type": "transformer"}:
+    if model["objective"] == "masked" and TOWER_KINDS[model["tower_type"]].sees_predicted_token:  # masked in training
         quality["masked_loss_nats"] = loss
         quality["masked_below_unigram_nats"] = None if unigram_entropy is None else unigram_entropy - loss
         quality["meets_masked_criterion"] = None if unigram_entropy is None else bool(

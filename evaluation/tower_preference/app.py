@@ -52,13 +52,14 @@ def load_model(model_name_or_path):
     if config.model_type != modeling_twotower.TwoTowerConfig.model_type:
         raise gr.Error(f"{model_name_or_path!r} holds a {config.model_type!r} model; give a twotower model.")
     is_masked = "TwoTowerForMaskedLM" in (config.architectures or [])
-    if is_masked and config.tower_type != "lstm":
-        raise gr.Error(
-            f"{model_name_or_path!r} is a masked LM with transformer towers, which is scored in masking passes: "
-            "score it with `python -m twotower.evaluation.scoring.score`, whose report's tokens.html is this view."
-        )
     auto_class = AutoModelForMaskedLM if is_masked else AutoModelForCausalLM
     model = auto_class.from_pretrained(model_name_or_path, trust_remote_code=False).eval()
+    if is_masked and model.model.towers.sees_predicted_token:
+        raise gr.Error(
+            f"{model_name_or_path!r} is a masked LM whose towers see the token they predict, so it is scored in "
+            "masking passes: score it with `python -m twotower.evaluation.scoring.score`, whose report's tokens.html is "
+            "this view."
+        )
     return model, AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=False)
 
 
@@ -72,11 +73,9 @@ def text_passages(model, tokenizer, text):
     passages = []
     for start in range(0, len(token_ids), block_size):
         block = torch.tensor([token_ids[start : start + block_size]])  # [1, seq]
-        if not isinstance(model, modeling_twotower.TwoTowerForMaskedLM):
-            gold = model.probe_logprobs(block, all_replicas=True).flatten(0, 1)[:, 0]  # [probes, seq - 1]
-            gold = torch.nn.functional.pad(gold, (1, 0), value=float("nan"))  # the first token is not predicted
-        else:  # ELMo-style towers never read the token they predict: every token, unmasked
-            gold = model.probe_logprobs(block, labels=block, all_replicas=True).flatten(0, 1)[:, 0]  # [probes, seq]
+        # unmasked: the causal LM's next token, or every token of towers that never read the one they predict
+        gold = model.probe_logprobs(block, labels=block, all_replicas=True).flatten(0, 1)[:, 0]  # [probes, seq - shift]
+        gold = torch.nn.functional.pad(gold, (model.target_shift, 0), value=float("nan"))  # the first: not predicted
         ids = block[0].tolist()
         passages.append({"token_ids": ids, "gold_logprobs": gold.numpy()})
     return with_cells(tokenizer, passages)  # the text by character spans
@@ -86,30 +85,14 @@ def text_passages(model, tokenizer, text):
 def ablation_increases(model, passages) -> np.ndarray:
     """
     [towers, n]: at every scored position of the passages, the joint model's loss rise when a tower's features are
-    replaced by their mean over the text's scored positions (the mean-ablation preference; the scoring command's is
-    twotower.evaluation.scoring.ablation, of which this is the Space's copy for short texts).
+    replaced by their mean over the text's scored positions: the model's `ablation_increases`, as the scoring command
+    computes the mean-ablation preference.
     """
-    features, targets = [], []
-    for passage in passages:
-        block = torch.tensor([passage["token_ids"]])
-        block_features = model.probe_features(block)[:, 0]  # [towers, seq, hidden]
-        if not isinstance(model, modeling_twotower.TwoTowerForMaskedLM):  # position t predicts token t + 1
-            block_features, block = block_features[:, :-1], block[:, 1:]
-        features.append(block_features)
-        targets.append(block[0])
+    blocks = [torch.tensor([passage["token_ids"]]) for passage in passages]
+    features, targets = zip(*(model.scored_features(model.probe_features(block), block) for block in blocks))
     features, targets = torch.cat(features, dim=1), torch.cat(targets)  # [towers, n, hidden], [n]
-
-    def nll(tower_features):
-        logits = model.joint_logits(tower_features.unsqueeze(1))[0]  # [n, vocab]
-        return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
-
-    joint = nll(features)
-    increases = []
-    for tower in range(features.shape[0]):
-        ablated = features.clone()
-        ablated[tower] = features[tower].double().mean(dim=0).to(features.dtype)
-        increases.append(nll(ablated) - joint)
-    return torch.stack(increases).double().numpy()
+    means = features.double().mean(dim=1).to(features.dtype)  # [towers, hidden]
+    return model.ablation_increases(features, targets, means).double().numpy()
 
 
 def type_categories(tokens, tokenizer):

@@ -1,0 +1,126 @@
+"""
+Selective state-space towers (`tower_type="ssm"`), Mamba-style: per tower and depth a pre-norm residual block around
+transformers' own `MambaMixer` (gated input projection, causal depthwise convolution, input-dependent time step, B
+and C, then the selective scan), whose PyTorch path runs on the CPU; each tower ends with its own LayerNorm (Mamba's
+norm_f). Causal (`bidirectional=False`): position t has read tokens <= t. Bidirectional (the masked family): each
+tower also runs a backward stack on the reversed sequence, and position t combines the forward state at t - 1 with
+the backward state at t + 1, as the LSTM towers do, so the prediction for token t never reads token t.
+
+Each tower is its own MambaMixer, so the towers run one after the other. The towers keep no state cache:
+generation recomputes the prefix at every step.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import MambaConfig
+from transformers.models.mamba.modeling_mamba import MambaMixer
+
+from .batched_layers import TwoTowerBatchedLayerNorm
+from .configuration_twotower import TwoTowerConfig
+from .tower_stack import KindInitialized, TowerStack, stack_output
+
+SSM_STATE_SIZE = 16  # Mamba's N: the state per channel
+CONV_KERNEL = 4  # Mamba's causal convolution width
+
+
+def mamba_config(config: TwoTowerConfig) -> MambaConfig:
+    """The mixers' config: one tower's width, `intermediate_size` channels (Mamba's expanded width), no biases in
+    the projections (Mamba's defaults), the sequential scan (the associative one needs torch.compile)."""
+    mamba = MambaConfig(
+        hidden_size=config.hidden_size, state_size=SSM_STATE_SIZE, conv_kernel=CONV_KERNEL,
+        num_hidden_layers=config.num_hidden_layers, layer_norm_epsilon=config.layer_norm_eps,
+        use_associative_scan=False,
+    )  # fmt: skip
+    mamba.intermediate_size = config.intermediate_size
+    return mamba
+
+
+class TwoTowerMambaMixer(MambaMixer, KindInitialized):
+    """transformers' MambaMixer, initialised as Mamba initialises it."""
+
+    def init_kind_weights(self, config) -> None:
+        # Mamba's own draws for the state matrix A, the skip D and the time step's projection and bias, after the
+        # generic init of the Linear layers (a zero time-step bias would start every channel at dt = softplus(0))
+        self.init_mamba_weights()
+
+
+class TwoTowerSSMBlock(nn.Module):
+    """One tower's layer: x + dropout(MambaMixer(LayerNorm(x))), hidden states [batch, seq, hidden]."""
+
+    def __init__(self, config: TwoTowerConfig, layer_idx: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mixer = TwoTowerMambaMixer(mamba_config(config), layer_idx)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        # the mixer zeroes padding (attention_mask 0) before its projection and its scan
+        return hidden_states + self.dropout(self.mixer(self.norm(hidden_states), attention_mask=attention_mask))
+
+
+def _tower_stacks(config: TwoTowerConfig) -> nn.ModuleList:
+    # [towers][layers]
+    layers = range(config.num_hidden_layers)
+    return nn.ModuleList(
+        [nn.ModuleList([TwoTowerSSMBlock(config, i) for i in layers]) for _ in range(config.num_towers)]
+    )
+
+
+def _run(blocks: nn.ModuleList, hidden_states: torch.Tensor, attention_mask) -> torch.Tensor:
+    for block in blocks:
+        hidden_states = block(hidden_states, attention_mask)
+    return hidden_states
+
+
+class TwoTowerSSMTowers(TowerStack):
+    """Every tower's stack of `TwoTowerSSMBlock`s, a backward one too when bidirectional; [towers, batch, seq, hidden]
+    in and out."""
+
+    tower_type = "ssm"
+    kind_name = "state-space"
+    no_split_module = "TwoTowerSSMTowers"
+    card_names = {
+        False: "causal selective state space (Mamba-style)",
+        True: "forward + backward selective state space (Mamba-style, ELMo-style pairs)",
+    }
+    card_tags = ("ssm", "mamba")
+
+    def __init__(self, config: TwoTowerConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.forward_blocks = _tower_stacks(config)
+        if bidirectional:
+            self.backward_blocks = _tower_stacks(config)
+            # [left; right] context of one tower -> its width, one Linear per tower
+            self.context_proj = nn.ModuleList(
+                [nn.Linear(2 * config.hidden_size, config.hidden_size) for _ in range(config.num_towers)]
+            )
+        self.tower_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
+        # multiply-adds of the scan's readout per token and direction: state [channels, N] times C [N], every layer
+        self.readout_products = config.num_towers * config.num_hidden_layers * config.intermediate_size * SSM_STATE_SIZE
+
+    def forward(self, hidden_states: torch.Tensor, output_hidden_states: bool = False, **attention_inputs):
+        # of the attention inputs only the padding mask applies; no cache, no positions
+        attention_mask = attention_inputs.get("attention_mask")
+        outputs = []
+        for tower_idx, forward_blocks in enumerate(self.forward_blocks):
+            tower_inputs = hidden_states[tower_idx]  # [batch, seq, hidden]
+            left_to_right = _run(forward_blocks, tower_inputs, attention_mask)
+            if not self.bidirectional:
+                outputs.append(left_to_right)
+                continue
+            reversed_mask = None if attention_mask is None else attention_mask.flip(1)
+            right_to_left = _run(self.backward_blocks[tower_idx], tower_inputs.flip(1), reversed_mask).flip(1)
+            left_context = F.pad(left_to_right[:, :-1], (0, 0, 1, 0))  # state after t - 1; zeros at t = 0
+            right_context = F.pad(right_to_left[:, 1:], (0, 0, 0, 1))  # state after t + 1; zeros at the end
+            outputs.append(self.context_proj[tower_idx](torch.cat([left_context, right_context], dim=-1)))
+        return stack_output(self.tower_norm(torch.stack(outputs)), output_hidden_states)
+
+    def extra_flops_per_token(self, block_size: int) -> int:
+        # the scan's readout is a batched matmul: 6 FLOPs per multiply-add for forward + backward, per direction (the
+        # scan's elementwise updates count as norms do: nothing)
+        return 6 * self.readout_products * (2 if self.bidirectional else 1)
+
+
+__all__ = ["TwoTowerSSMTowers"]
