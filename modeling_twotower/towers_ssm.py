@@ -36,13 +36,54 @@ def mamba_config(config: TwoTowerConfig) -> MambaConfig:
     return mamba
 
 
+def selective_scan(decay: torch.Tensor, inputs: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """
+    Mamba's recurrence state_t = decay_t * state_{t-1} + inputs_t (decay, inputs [batch, channels, seq, N]) read out
+    as y_t = state_t @ readout_t (readout [batch, seq, N]); returns y [batch, channels, seq]. The steps are unbound
+    once: indexing one step at a time, as transformers' reference path does, makes each step's backward allocate the
+    whole [batch, channels, seq, N] gradient, quadratic in the sequence length (30x slower training on a CPU).
+    """
+    state = torch.zeros_like(inputs[:, :, 0])  # [batch, channels, N]
+    outputs = []
+    for step_decay, step_input, step_readout in zip(decay.unbind(2), inputs.unbind(2), readout.unbind(1)):
+        state = step_decay * state + step_input
+        outputs.append(torch.matmul(state, step_readout.unsqueeze(-1))[..., 0])  # [batch, channels]
+    return torch.stack(outputs, dim=-1)
+
+
 class TwoTowerMambaMixer(MambaMixer, KindInitialized):
-    """transformers' MambaMixer, initialised as Mamba initialises it."""
+    """transformers' MambaMixer (its weights and initialisation), run over whole sequences by `forward` below: the
+    reference path's arithmetic, with the scan of `selective_scan`; no cache."""
 
     def init_kind_weights(self, config) -> None:
         # Mamba's own draws for the state matrix A, the skip D and the time step's projection and bias, after the
         # generic init of the Linear layers (a zero time-step bias would start every channel at dt = softplus(0))
         self.init_mamba_weights()
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden_states [batch, seq, hidden] -> [batch, seq, hidden]; padding (attention_mask 0) is zeroed before
+        the projection and the scan, as in MambaMixer."""
+        seq_len, dtype = hidden_states.shape[1], hidden_states.dtype
+        mask = None if attention_mask is None else attention_mask[:, :, None].to(dtype)
+        if mask is not None:
+            hidden_states = hidden_states * mask
+        channels, gate = self.in_proj(hidden_states).transpose(1, 2).chunk(2, dim=1)  # [batch, channels, seq] each
+        # causal depthwise convolution
+        channels = F.conv1d(channels, self.conv1d.weight, self.conv1d.bias, padding=self.conv_kernel_size - 1,
+                            groups=self.intermediate_size)[..., :seq_len]  # fmt: skip
+        channels = self.act(channels).transpose(1, 2)  # [batch, seq, channels]
+        if mask is not None:
+            channels = channels * mask
+        time_step, B, C = torch.split(
+            self.x_proj(channels), [self.time_step_rank, self.ssm_state_size, self.ssm_state_size], dim=-1
+        )
+        time_step = F.softplus(self.dt_proj(time_step)).transpose(1, 2)  # [batch, channels, seq]
+        A = -torch.exp(self.A_log.float())  # [channels, N]
+        decay = torch.exp(A[None, :, None, :] * time_step[..., None])  # [batch, channels, seq, N]
+        inputs = time_step[..., None] * B[:, None, :, :].float() * channels.transpose(1, 2)[..., None].float()
+        scan_output = selective_scan(decay, inputs, C.float()) + channels.transpose(1, 2) * self.D[None, :, None]
+        scan_output = scan_output * F.silu(gate)
+        return self.out_proj(scan_output.transpose(1, 2).to(dtype))
 
 
 class TwoTowerSSMBlock(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import tiny_two_tower
-from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.towers_ssm import TwoTowerSSMTowers
 from twotower.training.objectives import make_collators, needs_masking
 from twotower.training.data import collate_blocks
@@ -137,3 +137,24 @@ def test_flops_per_token_equal_the_flops_torch_counts(objective):
     mixers = directions * 2 * 2  # towers x layers
     convolutions = mixers * 6 * 37 * 4  # intermediate_size channels, kernel 4
     assert matmuls + convolutions == flops_per_token(model, SEQ, "pretrain")
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_mixer_computes_transformers_reference_mamba_path(padded):
+    from transformers.models.mamba.modeling_mamba import MambaMixer
+
+    from modeling_twotower.towers_ssm import TwoTowerMambaMixer, mamba_config
+
+    torch.manual_seed(0)
+    mixer = TwoTowerMambaMixer(mamba_config(TwoTowerConfig.from_preset("tiny", tower_type="ssm")), 0)
+    mixer.init_mamba_weights()
+    hidden_states = torch.randn(3, 17, 64, requires_grad=True)
+    mask = torch.ones(3, 17, dtype=torch.long)
+    if padded:
+        mask[1, 12:] = 0
+    ours = mixer(hidden_states, attention_mask=mask)
+    (ours_grad,) = torch.autograd.grad(ours.square().sum(), hidden_states)
+    reference = MambaMixer.forward(mixer, hidden_states, attention_mask=mask)
+    (reference_grad,) = torch.autograd.grad(reference.square().sum(), hidden_states)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_grad, reference_grad, rtol=1e-4, atol=1e-5)
