@@ -147,7 +147,7 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 out, device = Path(sys.argv[1]), sys.argv[2]
-BF16_RTOL_10_STEPS = 1e-3  # tests/test_bf16.py's tolerance: per-step losses of the first 10 steps
+BF16_RTOL_10_STEPS = 1e-3  # tests/training/test_bf16.py's tolerance: per-step losses of the first 10 steps
 FINAL_RTOL = 0.02  # final validation losses after a whole run, where rounding differences have compounded
 checks = []
 

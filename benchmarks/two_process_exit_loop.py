@@ -19,9 +19,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TWO_PROCESS_TESTS = (
-    "tests/test_training.py::test_two_processes_match_one_process",
-    "tests/test_probe_training.py::test_two_processes_train_the_same_linear_probes",
-    "tests/test_probe_feature_cache.py::test_two_processes_recompute_their_own_share_as_they_would_cache_it",
+    "tests/training/test_training.py::test_two_processes_match_one_process",
+    "tests/training/test_probe_training.py::test_two_processes_train_the_same_linear_probes",
+    "tests/training/test_probe_feature_cache.py::test_two_processes_recompute_their_own_share_as_they_would_cache_it",
 )
 
 

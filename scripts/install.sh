@@ -14,7 +14,7 @@ if ! python -c "import modeling_twotower, twotower.training, pytest, mkdocs, pla
   python -m pip install -q torch==2.13.0
   python -m pip install -q -c "$repo/constraints.txt" -e "$repo[test]"
 fi
-# DeepSpeed, for the deepspeed_zero2.yaml test (tests/test_accelerate_configs.py), is not in the `test` extra: PyPI has
+# DeepSpeed, for the deepspeed_zero2.yaml test (tests/training/test_accelerate_configs.py), is not in the `test` extra: PyPI has
 # only its sdist, whose setup.py imports torch, and an isolated build pulls a multi-GB CUDA torch into the build
 # environment. So it is built here against the CPU torch above (--no-build-isolation, setuptools from this venv)
 # and without its CUDA/C++ ops (DS_BUILD_OPS=0; on CPU it JIT-compiles only its shm comm op, with ninja and the

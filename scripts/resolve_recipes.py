@@ -1,6 +1,6 @@
 """
 Write tests/fixtures/recipes_resolved.json: every training recipe resolved (`load_config(name)`, defaults < recipe
-and its `extends`), the values tests/test_recipes.py pins. Run it after adding an option or changing a recipe on
+and its `extends`), the values tests/training/test_recipes.py pins. Run it after adding an option or changing a recipe on
 purpose, and review the diff: each changed value is a changed run.
 
     python scripts/resolve_recipes.py            # rewrite the fixture

@@ -3,7 +3,7 @@
     python scripts/summary_keys_docs.py          # rewrite the generated blocks
     python scripts/summary_keys_docs.py --check  # exit 1 if a file differs from what it would write
 
-Each file holds the block between BEGIN and END below; tests/test_summary_keys.py checks that it is current.
+Each file holds the block between BEGIN and END below; tests/metric/test_summary_keys.py checks that it is current.
 """
 
 import argparse

@@ -26,11 +26,16 @@ TINY_SIZES = dict(
 )  # fmt: skip
 
 
+def tiny_two_tower_config(**config):
+    """The config of `tiny_two_tower`: `config` overrides TINY_SIZES or sets any other TwoTowerConfig field."""
+    return TwoTowerConfig(**{**TINY_SIZES, **config})
+
+
 def tiny_two_tower(model_class=TwoTowerForCausalLM, seed=0, **config):
     """A tiny two-tower model in eval mode, its weights drawn from `seed`; `config` overrides TINY_SIZES or sets any
     other TwoTowerConfig field."""
     torch.manual_seed(seed)
-    return model_class(TwoTowerConfig(**{**TINY_SIZES, **config})).eval()
+    return model_class(tiny_two_tower_config(**config)).eval()
 
 
 SHARED_DATA = Path(os.environ.get("TWOTOWER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

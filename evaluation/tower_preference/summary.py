@@ -16,7 +16,7 @@
 `PreferenceResult.summary`, the scalar part of the metric's `compute` output and the "summary" of the scoring
 command's preference.json hold exactly these keys: `OccurrenceSummary` for one probe per tower, `ReplicaSummary`
 for the replica-level test. Readers elsewhere (the report, the study, the benchmarks) name keys declared here;
-tests/test_summary_keys.py checks both directions. "Eligible" types are those seen at least `min_count` times.
+tests/metric/test_summary_keys.py checks both directions. "Eligible" types are those seen at least `min_count` times.
 """
 
 from typing import Literal, TypedDict
@@ -73,7 +73,7 @@ OCCURRENCE_SUMMARY_KEYS = tuple(OccurrenceSummary.__annotations__)
 REPLICA_SUMMARY_KEYS = tuple(ReplicaSummary.__annotations__)
 
 # What each key means, once: the metric's Returns docstring is built from these, and the metric card's Output Values
-# and docs/preference.md's table are checked against them (tests/test_summary_keys.py; scripts/summary_keys_docs.py
+# and docs/preference.md's table are checked against them (tests/metric/test_summary_keys.py; scripts/summary_keys_docs.py
 # rewrites both). Markdown code spans are kept plain enough for a docstring.
 SUMMARY_KEY_DESCRIPTIONS = {
     "num_towers": "towers of the model (probes are grouped by tower)",

@@ -8,7 +8,7 @@ launcher lets AcceleratorState build the CPU state, then puts the plugin back in
 the package's own FSDP and DeepSpeed code then runs on a machine without GPUs. Launch it like the training module,
 with the training's own --cpu (accelerate launch's --cpu starts one process and sets none of the plugin variables):
     accelerate launch --config_file training/accelerate_configs/fsdp.yaml --num_processes 2 --mixed_precision no \
-        tests/launch_forced_plugin.py --recipe tiny --cpu true ...
+        tests/training/launch_forced_plugin.py --recipe tiny --cpu true ...
 """
 
 import os

@@ -12,7 +12,7 @@ import pytest
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from training.tokenizer import load_tokenizer, padded_vocab_size
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # A fenced example preceded by this comment is not run, e.g. one that needs the Hub; the comment says why.
 NOT_RUN = re.compile(r"<!-- not run: [^>]+ -->\n+```python\n.*?```", re.S)

@@ -31,17 +31,20 @@ from benchmarks.settings_search import (
     training_arguments,
 )
 from benchmarks.workloads import Setting, why_unsupported
+from conftest import TINY_SIZES, tiny_two_tower_config
 from modeling_twotower import TwoTowerConfig
 from twotower.training import throughput
 from twotower.training.throughput import resolve_peak_flops
 
-# Odd sizes, so that a mis-reshaped tensor fails loudly.
-BATCH, SEQ, VOCAB, HIDDEN, LAYERS, HEADS, FFN = 3, 7, 99, 12, 2, 3, 37
+BATCH, SEQ = 3, 7
+VOCAB, HIDDEN, LAYERS, HEADS, FFN = (
+    TINY_SIZES[name]
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+)
 
 
 def tiny_config(**kwargs) -> TwoTowerConfig:
-    fields = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS)
-    return TwoTowerConfig(**{**fields, "intermediate_size": FFN, "max_position_embeddings": 16, **kwargs})
+    return tiny_two_tower_config(**{"max_position_embeddings": 16, **kwargs})
 
 
 def random_ids(seed=0):

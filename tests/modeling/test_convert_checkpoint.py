@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM, TwoTowerModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 SCRIPT = ROOT / "scripts" / "convert_checkpoint.py"
 OLD_CHECKPOINTS = {

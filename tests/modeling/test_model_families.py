@@ -13,22 +13,22 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModelForMaskedLM
 
+from conftest import tiny_two_tower, tiny_two_tower_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 
 BATCH, SEQ, VOCAB = 3, 9, 101
 
 
+# conftest's tiny sizes, wider and with fewer heads
+FAMILY_SIZES = dict(vocab_size=VOCAB, hidden_size=16, num_attention_heads=2, intermediate_size=24)
+
+
 def tiny_config(**kwargs):
-    fields = dict(
-        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
-        max_position_embeddings=32,
-    )  # fmt: skip
-    return TwoTowerConfig(**{**fields, **kwargs})
+    return tiny_two_tower_config(**{**FAMILY_SIZES, **kwargs})
 
 
 def build(model_class, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return model_class(tiny_config(**kwargs)).eval()
+    return tiny_two_tower(model_class, seed, **{**FAMILY_SIZES, **kwargs})
 
 
 def random_ids(seed=1, seq=SEQ):

@@ -31,7 +31,7 @@ from twotower.training.loading import load_two_tower_config  # noqa: E402
 
 VOCAB_SIZE = 96
 SEQ = 7
-METRIC_DIR = os.path.join(os.path.dirname(__file__), "..", "evaluation", "tower_preference")
+METRIC_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "evaluation", "tower_preference")
 
 
 @pytest.fixture(scope="module")

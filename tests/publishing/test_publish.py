@@ -332,7 +332,7 @@ stage_model_repo(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], hardware=sy
 def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_run, staged_repo, tmp_path):
     model_dir, report_dir = trained_run
     # build from a copy of the sources: a build leaves build/ and egg-info folders where it runs
-    repository = Path(__file__).resolve().parents[1]
+    repository = Path(__file__).resolve().parents[2]
     source = tmp_path / "source"
     source.mkdir()
     for name in ("setup.py", "README.md", "model_card.md"):
@@ -537,7 +537,7 @@ def test_every_factual_line_of_a_card_comes_from_the_run_or_the_faithfulness_tab
     assert scored == f"local text `{short_path(validation_file)}`, {report['data']['num_blocks']:,} blocks of 32 tokens"
     assert "Hub dataset" not in text
     # the paper's schedule, as docs/FAITHFULNESS.md gives it (phase 1: steps and the global batch)
-    faithfulness = (Path(__file__).resolve().parents[1] / "docs" / "FAITHFULNESS.md").read_text(encoding="utf-8")
+    faithfulness = (Path(__file__).resolve().parents[2] / "docs" / "FAITHFULNESS.md").read_text(encoding="utf-8")
     steps, batch = re.search(r"trained for\s+([\d,]+) optimizer steps with a global batch of (\d+) sequences", text).groups()
     assert f"`max_train_steps: {steps.replace(',', '')}`" in faithfulness and f"{batch} blocks a step" in faithfulness
     # each phase's length and learning rate, from its own record

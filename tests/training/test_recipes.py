@@ -13,7 +13,7 @@ from twotower.training.utils.errors import TwoTowerUserError
 
 # dataclasses.asdict(load_config(name)) of every recipe, pinned when the recipes were written out in full; written
 # by scripts/resolve_recipes.py
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "recipes_resolved.json"
 PINNED = json.loads(FIXTURE.read_text(encoding="utf-8"))
 

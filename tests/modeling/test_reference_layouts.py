@@ -14,23 +14,17 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, GPT2Config, GPT2LMHeadModel, GPT2Model
 
+from conftest import TINY_SIZES
+from conftest import tiny_two_tower as build
+from conftest import tiny_two_tower_config as tiny_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 
-BATCH, SEQ, VOCAB, HIDDEN, LAYERS, HEADS, FFN, CELLS = 3, 7, 99, 12, 2, 3, 37, 20
+BATCH, SEQ, CELLS = 3, 7, 20
+VOCAB, HIDDEN, LAYERS, HEADS, FFN = (
+    TINY_SIZES[name]
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+)
 REFERENCE_VOCAB = 30528  # output_size, model.py:109 / 551 / 778
-
-
-def tiny_config(**kwargs):
-    fields = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        intermediate_size=FFN, max_position_embeddings=32,
-    )  # fmt: skip
-    return TwoTowerConfig(**{**fields, **kwargs})
-
-
-def build(model_class, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return model_class(tiny_config(**kwargs)).eval()
 
 
 def random_ids(seed=1):

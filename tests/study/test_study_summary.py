@@ -8,7 +8,7 @@ import pytest
 from twotower.evaluation.study.summary import fill_blocks, load_results, render_summary, summary_targets
 from twotower.training.utils.errors import TwoTowerUserError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STUDY_DIR = REPO_ROOT / "docs" / "study"
 
 

@@ -1,5 +1,5 @@
 """The base model's parts, each chosen once for the config's layout: the embedding, the towers' stack and their fusion
-(checkpoints saved before they were modules: tests/test_convert_checkpoint.py)."""
+(checkpoints saved before they were modules: tests/modeling/test_convert_checkpoint.py)."""
 
 import inspect
 import re

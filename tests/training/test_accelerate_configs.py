@@ -3,7 +3,7 @@ Every shipped accelerate config (training/accelerate_configs/) on 2 CPU processe
 with gradient accumulation, resumes bitwise from its own checkpoint and saves a full model that loads by remote code.
 
 The configs say MULTI_GPU, FSDP and DEEPSPEED; on CPU processes Accelerate drops the FSDP and DeepSpeed plugins and
-trains plain DDP, so those two launch tests/launch_forced_plugin.py, which puts the plugin back in force, and each
+trains plain DDP, so those two launch tests/training/launch_forced_plugin.py, which puts the plugin back in force, and each
 test checks that it was (the run's own report of its distributed type, and the checkpoint's layout). Every launch
 passes the training's --cpu (accelerate launch's --cpu starts one process) and `--mixed_precision no` (the configs
 say bf16): the runs are compared with a 1-process float32 run.
@@ -30,7 +30,7 @@ from twotower.training.train import training_function
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "training" / "accelerate_configs"
 LAUNCHER = Path(__file__).with_name("launch_forced_plugin.py")
 ACCELERATE = Path(sys.executable).with_name("accelerate")

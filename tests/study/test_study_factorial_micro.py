@@ -21,7 +21,7 @@ from twotower.evaluation.study.factorial import CELL_NAMES
 
 pytestmark = pytest.mark.slow  # trains 8 micro models
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RECOMPUTE = REPO_ROOT / "scripts" / "recompute_study.py"
 MICRO_2X2 = {
     "train_file": "wiki/train.txt",
@@ -39,7 +39,7 @@ MICRO_2X2 = {
     "grid": [{"family": name, "seeds": [0, 1]} for name in
              ("causal", "causal_separate", "causal_control", "causal_control_separate")],
     "seed_major": True,
-    "trajectory": [1.0],  # one point keeps the test short; tests/test_study_factorial.py plants two
+    "trajectory": [1.0],  # one point keeps the test short; tests/study/test_study_factorial.py plants two
     "pretrain": {"tokenizer_vocab_size": 512, "max_train_steps": 4, "num_warmup_steps": 1, "eval_steps": 4,
                  "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
     "probe": {"probe_replicas": 2, "probe_replica_data": "disjoint", "max_train_steps": 4, "num_warmup_steps": 1,

@@ -20,7 +20,7 @@ from twotower.evaluation import compute_preference  # noqa: E402
 from twotower.evaluation.scoring.ablation import MeanAblation  # noqa: E402
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 METRIC_DIR = REPO_ROOT / "evaluation" / "tower_preference"
 CARD_SECTIONS = (
     "## Metric Description",

@@ -228,7 +228,7 @@ def test_model_card_names_the_family(pipeline_run):
     assert f"| Shared embedding and tied decoder width (`embedding_size`) | {embedding_size} |" in text
 
 
-@pytest.mark.parametrize("pipeline_run", ["masked"], indirect=True)  # tests/test_variants.py covers every family
+@pytest.mark.parametrize("pipeline_run", ["masked"], indirect=True)  # tests/modeling/test_model_families.py covers every family
 def test_staged_masked_model_loads_as_remote_code_in_a_clean_process(pipeline_run, tmp_path):
     staged = stage_model_repo(pipeline_run["probe"]["model_dir"], tmp_path / "repo", "lab/tiny-masked")
     assert ModelCard.load(staged / "README.md").data.pipeline_tag == "fill-mask"

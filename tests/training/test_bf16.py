@@ -19,7 +19,7 @@ from twotower.training.train import training_function
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Per-step training losses of bf16 autocast against fp32, 10 steps of the tiny models below on a 2-core CPU: at most
 # 6.9e-5 relative (pretrain, 1 process), 5.5e-5 (pretrain, 2 processes against 1), 1.3e-5 and 1.5e-5 (probes, 1 and 2
 # processes). The tolerance leaves ~15x that.
@@ -116,7 +116,7 @@ def test_bf16_probe_phase_matches_fp32(corpus, fp32_pretrain, tmp_path):
 
 
 def test_bf16_on_two_processes_matches_fp32_on_one(corpus, fp32_pretrain, tmp_path):
-    # 2 x 4 blocks = 1 x 8: in fp32 the two give the same losses to 1e-5 (tests/test_training.py)
+    # 2 x 4 blocks = 1 x 8: in fp32 the two give the same losses to 1e-5 (tests/training/test_training.py)
     two = run_two_processes("tiny", corpus, tmp_path, mixed_precision="bf16")
     assert_bf16_close(two["train_losses"], fp32_pretrain["train_losses"])
     assert two["eval_losses"] == pytest.approx([fp32_pretrain["eval_metrics"]["loss"]], rel=BF16_RTOL)

@@ -23,7 +23,7 @@ from twotower.evaluation.tower_preference.replica_preference import compute_pref
 from twotower.evaluation.tower_preference.token_view import TOWER_COLORS, render_token_view
 from twotower.training.tokenizer import train_bpe_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METRIC_DIR = REPO / "evaluation" / "tower_preference"
 SHAKESPEARE = REPO / "data" / "tiny-shakespeare"
 TOWERS, REPLICAS = 2, 2

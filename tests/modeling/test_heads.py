@@ -1,5 +1,5 @@
 """The LM heads as modules: the fusion head and the control's independent heads (checkpoints saved before they were
-modules: tests/test_convert_checkpoint.py)."""
+modules: tests/modeling/test_convert_checkpoint.py)."""
 
 import pytest
 import torch

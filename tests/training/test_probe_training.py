@@ -30,7 +30,7 @@ from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
 from twotower.training.validation import evaluate_cached
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 320  # ln(320) = 5.77 nats for a uniform guess
 BLOCK_SIZE = 32
 TRAIN_BLOCKS, EVAL_BLOCKS = 64, 16  # 64 x 31 next-token positions: 8 steps of 8 blocks' positions per epoch

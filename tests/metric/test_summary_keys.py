@@ -22,7 +22,7 @@ from twotower.evaluation.tower_preference.summary import (
 )
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("evaluation", "training", "benchmarks", "modeling_twotower")
 # variables that hold a preference summary, besides `preference_summary` and `<report>["summary"]` anywhere
 SUMMARY_VARIABLES = {"evaluation/scoring/score.py": "summary", "evaluation/scoring/report.py": "summary",

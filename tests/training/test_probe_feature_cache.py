@@ -25,7 +25,7 @@ from twotower.training.probe_cache import cache_both_splits, plan_feature_cache
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE, BLOCK_SIZE, HIDDEN_SIZE = 320, 32, 24
 TRAIN_BLOCKS, EVAL_BLOCKS = 24, 8  # 3 steps of 8 blocks an epoch
 TINY_MODEL = dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, num_hidden_layers=1, num_attention_heads=2,

@@ -15,26 +15,19 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2Tokeni
 
 import modeling_twotower
 from conftest import TINY_SIZES, tiny_two_tower
+from conftest import tiny_two_tower_config as tiny_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
 
-# Odd sizes, so that a mis-reshaped tensor fails loudly (transformers' causal_lm_tester does the same).
-BATCH, SEQ, VOCAB, HIDDEN, LAYERS, HEADS, FFN = 3, 7, 99, 12, 2, 3, 37
-
-
-def tiny_config(**kwargs):
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        max_position_embeddings=32,
-    )
-    return TwoTowerConfig(**{**fields, **kwargs})
+# The tiny model's odd sizes (conftest.TINY_SIZES): a mis-reshaped tensor fails loudly.
+BATCH, SEQ = 3, 7
+VOCAB, HIDDEN, LAYERS, HEADS, FFN = (
+    TINY_SIZES[name]
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+)
 
 
 def tiny_model(seed=0, **kwargs):
-    return tiny_two_tower(seed=seed, **{**TINY_SIZES, "vocab_size": VOCAB, "hidden_size": HIDDEN, **kwargs})
+    return tiny_two_tower(seed=seed, **kwargs)
 
 
 def random_ids(batch=BATCH, seq=SEQ, seed=1, vocab=VOCAB):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"training": "twotower.training", "evaluation": "twotower.evaluation"}  # folder -> installed name
 
 

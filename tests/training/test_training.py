@@ -42,7 +42,7 @@ from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import train_loop, training_function
 from twotower.training.validation import evaluate_cached
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 512  # the trained BPE: a fast decoder, and ln(512) = 6.24 nats at the start
 EVAL_BLOCKS = 32
 BLOCK_SIZE = 32  # the recipes use the paper's 128; a quarter of it keeps the suite fast

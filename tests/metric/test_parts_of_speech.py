@@ -301,7 +301,7 @@ def test_the_metric_takes_type_tags_and_gives_the_same_figures(monkeypatch, tmp_
     os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
     import evaluate
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(repo)
     metric = evaluate.load("evaluation/tower_preference", cache_dir=str(tmp_path))
     module_file = Path(sys.modules[type(metric).__module__].__file__)
