@@ -4,7 +4,7 @@ All towers run together: every per-tower weight is stacked along a leading tower
 a batched matmul over towers. Towers never exchange information before the LM head. This module assembles the
 parts, each in a module of its own: the embedding (`embeddings.py`), the towers' stack (`towers.py`: one module
 per tower kind, `towers_*.py`, each a `TowerStack` that states its facts, on the batched layers of
-`batched_layers.py`), their join (`fusion.py`), the LM heads (`heads.py`), the probes (`probes.py`), the checks of
+`batched_layers.py`), their join (`fusion.py`), the LM heads (`heads.py`), the probes (`probes.py`), position alignment and the joint model's scores (`token_scoring.py`), the checks of
 user inputs (`input_checks.py`) and of saved weights (`checkpoint_checks.py`), and the reference code's
 initialisation (`reference_initialization.py`).
 """
@@ -29,9 +29,10 @@ from .configuration_twotower import TwoTowerConfig
 from .embeddings import tower_embeddings
 from .fusion import tower_fusion
 from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
-from .input_checks import check_label_values, check_labels, check_inputs, check_probe_features, warn_if_no_target
+from .input_checks import check_label_values, check_labels, check_inputs, warn_if_no_target
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
+from .token_scoring import TwoTowerTokenScoring
 from .tower_stack import KindInitialized
 from .towers import tower_stack
 
@@ -183,7 +184,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         )
 
 
-class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
+class TwoTowerLMHeadModel(TwoTowerTokenScoring, TwoTowerPreTrainedModel):
     """
     What the causal and masked two-tower LMs share: the towers, the LM head (`heads.py`: the paper's fusion head, or
     with `cooperative=False` the independent-towers control's per-tower heads), the probes, and resizing.
@@ -232,82 +233,6 @@ class TwoTowerLMHeadModel(TwoTowerPreTrainedModel):
         """Each tower's slice of the normalized concatenation, [num_towers, batch, seq, hidden]: the probes' input."""
         fused = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return split_towers(fused, self.config.num_towers)
-
-    def prediction_targets(self, labels: torch.LongTensor) -> torch.LongTensor:
-        """The labels aligned with the positions that predict them, [batch, seq - target_shift]; -100: none."""
-        return labels[:, self.target_shift :]
-
-    def predicting_positions(self, states: torch.Tensor, seq_dim: int) -> torch.Tensor:
-        """`states` (features, logits) at the positions aligned with `prediction_targets`, along `seq_dim`."""
-        return states.narrow(seq_dim, 0, states.shape[seq_dim] - self.target_shift)
-
-    def scored_features(self, features: torch.Tensor, labels: torch.LongTensor):
-        """
-        (features [num_towers, n, hidden], targets [n]) of the n positions that predict a labelled token (not -100),
-        in row-major order, from `probe_features`' output [num_towers, batch, seq, hidden] and the labels [batch, seq].
-        """
-        targets = self.prediction_targets(labels)
-        scored = targets != -100
-        return self.predicting_positions(features, seq_dim=2)[:, scored], targets[scored]
-
-    def joint_logprobs(
-        self,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        features: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """
-        The joint model's log-probability of every target, float32, aligned as `probe_logprobs` is: [batch, seq - 1]
-        for the causal LM (the next token; `labels` default to `input_ids`), [batch, seq] for the masked LM (the
-        original id at each labelled position). Unlabelled and padding positions give 0.0. `features`:
-        `probe_features(input_ids, attention_mask)` if already computed.
-        """
-        labels = self._checked_labels(input_ids, attention_mask, labels)
-        features = self._checked_probe_features(input_ids, attention_mask, features)
-        targets = self.prediction_targets(labels)
-        logprobs = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
-        logprobs[targets != -100] = -self._joint_nll(*self.scored_features(features, labels))
-        return logprobs
-
-    def ablation_increases(
-        self, scored_features: torch.Tensor, scored_targets: torch.LongTensor, feature_means: torch.Tensor
-    ) -> torch.Tensor:
-        """
-        Each tower's mean-ablation increase [num_towers, n]: the joint model's loss at each scored position (from
-        `scored_features`) when that tower's features are replaced by its mean `feature_means` [num_towers, hidden]
-        (e.g. over a text's scored positions), less its loss with every tower's own features.
-        """
-        joint = self._joint_nll(scored_features, scored_targets)
-        increases = []
-        for tower, mean in enumerate(feature_means):
-            ablated = scored_features.clone()
-            ablated[tower] = mean.to(ablated.dtype)
-            increases.append(self._joint_nll(ablated, scored_targets) - joint)
-        return torch.stack(increases)
-
-    def _joint_nll(self, scored_features: torch.Tensor, scored_targets: torch.LongTensor) -> torch.Tensor:
-        # the joint model's NLL [n] at scored positions, from their features [towers, n, hidden]
-        logits = self.joint_logits(scored_features.unsqueeze(1))[0]  # [n, vocab]
-        return F.cross_entropy(logits.float(), scored_targets, reduction="none")
-
-    def _checked_labels(self, input_ids, attention_mask, labels):
-        if labels is None and self.target_shift == 0:
-            raise ValueError(
-                "A masked LM scores masked positions: pass `labels` (original ids where input_ids hold the mask "
-                "token, -100 elsewhere)."
-            )
-        labels = input_ids if labels is None else labels
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
-        check_label_values(labels, self.config.vocab_size)
-        return labels if attention_mask is None else labels.masked_fill(attention_mask == 0, -100)
-
-    def _checked_probe_features(self, input_ids, attention_mask, features):
-        if features is None:
-            return self.probe_features(input_ids, attention_mask)
-        check_probe_features(self.config, features, input_ids)
-        return features
 
     def reset_probes(self, probe_replicas: int | None = None, probe_type: str | None = None) -> TwoTowerProbes:
         """
