@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from ..arguments import TwoTowerTrainingConfig
-from ..optimization import train_step
+from ..optimization import ADAM_MOMENTS, adamw_description, make_adamw, train_step
 
 
 def trained_state_dict(accelerator, trained) -> dict:
@@ -47,8 +47,9 @@ def without_tied_copies(model, state_dict: dict) -> dict:
 class TrainingPhase:
     """
     What the phases share: a checkpoint at every epoch's end, no stopping rule of their own, and the state each
-    builds. A subclass says how it resolves and builds the model, what trains, its data, its optimizer (with
-    `optimizer_state_copies` and `optimizer_description`), its loss, its step and its evaluation.
+    builds, and the paper's AdamW. A subclass says how it resolves and builds the model, what trains, its data, its
+    loss, its step and its evaluation, and overrides the optimizer (`make_optimizer` with `optimizer_state_copies`
+    and `optimizer_description`) where it trains with another.
     """
 
     name: str
@@ -63,20 +64,21 @@ class TrainingPhase:
     def check_accelerator(self, accelerator) -> None:
         """Refuse a launch the phase cannot train under."""
 
-    # The optimizer: each phase's own
+    # The optimizer: the paper's AdamW, unless a phase builds its own (linear probes: L-BFGS)
     def make_optimizer(self, trained: nn.Module) -> torch.optim.Optimizer:
         """Build the optimizer of `trained`, keep it (`self.optimizer`) and return it."""
-        raise NotImplementedError
+        self.optimizer = make_adamw(self.config, trained)
+        return self.optimizer
 
     @property
     def optimizer_state_copies(self) -> int:
         """How many copies of the trained parameters the optimizer's state holds (the checkpoints' disk estimate)."""
-        raise NotImplementedError
+        return ADAM_MOMENTS
 
     @property
     def optimizer_description(self) -> str:
         """The optimizer in one line, as the model card prints it (saved in training_config.yaml as `optimizer`)."""
-        raise NotImplementedError
+        return adamw_description(self.config)
 
     def gradient_step(self, run, window) -> tuple[float, float | None, int]:
         """(loss, gradient norm, target tokens over all processes) of one step of this phase's optimizer on `window`."""

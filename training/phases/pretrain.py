@@ -10,7 +10,7 @@ from modeling_twotower import TwoTowerConfig
 from ..data import make_dataloaders
 from ..loading import MODEL_CLASSES
 from ..objectives import SeededMaskingCollator
-from ..optimization import ADAM_MOMENTS, accumulation_windows, adamw_description, make_adamw
+from ..optimization import accumulation_windows
 from ..tokenizer import padded_vocab_size
 from ..validation import evaluate_blocks
 from .base import TrainingPhase, plain_model, trained_state_dict, without_tied_copies
@@ -60,18 +60,6 @@ class PretrainPhase(TrainingPhase):
         """The model itself; the probes take no part in the joint loss, and frozen, DDP does not wait for them."""
         model.probes.requires_grad_(False)
         return model
-
-    def make_optimizer(self, trained: nn.Module) -> torch.optim.Optimizer:
-        self.optimizer = make_adamw(self.config, trained)
-        return self.optimizer
-
-    @property
-    def optimizer_state_copies(self) -> int:
-        return ADAM_MOMENTS
-
-    @property
-    def optimizer_description(self) -> str:
-        return adamw_description(self.config)
 
     def build_data(self, accelerator, model, lm_datasets, collators, objective: str) -> tuple[int, int]:
         """

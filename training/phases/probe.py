@@ -16,7 +16,7 @@ from modeling_twotower import TwoTowerConfig
 
 from ..loading import MODEL_CLASSES, load_two_tower_config
 from ..objectives import objective_of
-from ..optimization import ADAM_MOMENTS, adamw_description, make_adamw
+from ..optimization import adamw_description
 from ..probe_cache import CACHE_DIR, cache_both_splits, process_counts
 from ..tokenizer import check_tokenizer_fits
 from ..utils.errors import TwoTowerUserError
@@ -102,15 +102,7 @@ class ProbePhase(TrainingPhase):
         clip_per_probe = self.config.probe_grad_clipping == "per_probe"
         return ProbesOnPositions(model.probes.requires_grad_(True), self.config.probe_chunk_size, clip_per_probe)
 
-    # The optimizer: AdamW over the probes (the paper's)
-    def make_optimizer(self, trained: nn.Module) -> torch.optim.Optimizer:
-        self.optimizer = make_adamw(self.config, trained)
-        return self.optimizer
-
-    @property
-    def optimizer_state_copies(self) -> int:
-        return ADAM_MOMENTS
-
+    # The optimizer: the base's AdamW over the probes (the paper's), its clipping named
     @property
     def optimizer_description(self) -> str:
         return adamw_description(self.config, " per probe" if self.config.probe_grad_clipping == "per_probe" else "")
