@@ -16,6 +16,7 @@ import yaml
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM
 from test_probe_feature_cache import corpus, models, probe_config  # noqa: F401 (fixtures of the probe phase)
+from test_wrong_models_and_inputs import assert_one_error_line, command  # noqa: F401 (round two's command fixture)
 from twotower.evaluation.scoring import score
 from twotower.evaluation.study import driver as study
 from twotower.evaluation.scoring.ablation import MeanAblation
@@ -30,26 +31,6 @@ from twotower.training.utils import cli
 from twotower.training.utils.errors import TwoTowerUserError
 
 VOCAB_SIZE = 96
-
-
-@pytest.fixture
-def command(monkeypatch, capsys):
-    """Run a command's main as `python -m` does (cli.run); returns (exit status, stderr)."""
-    monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
-
-    def run(main, argv):
-        with pytest.raises(SystemExit) as exited:
-            cli.run(main, [str(arg) for arg in argv])
-        return exited.value.code, capsys.readouterr().err
-
-    return run
-
-
-def assert_one_error_line(status, stderr, *parts):
-    assert status == cli.USER_ERROR_STATUS == 2
-    assert stderr.startswith("error: ") and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
-    for part in parts:
-        assert part in stderr, (part, stderr)
 
 
 # 1. every field of an edited config is named by its own name

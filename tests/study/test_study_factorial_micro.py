@@ -15,6 +15,7 @@ import yaml
 from datasets import load_dataset
 from huggingface_hub import HfApi
 
+from test_study import write_lines
 from twotower.evaluation.study import driver as study_module
 from twotower.evaluation.study.driver import run_study
 from twotower.evaluation.study.factorial import CELL_NAMES
@@ -46,12 +47,6 @@ MICRO_2X2 = {
               "eval_steps": 2, "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
     "scoring": {"batch_size": 8, "min_count": 3},
 }
-
-
-def write_lines(path, source, start, count):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
-    path.write_text("".join(lines[start : start + count]), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
