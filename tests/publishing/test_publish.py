@@ -549,3 +549,67 @@ def test_every_factual_line_of_a_card_comes_from_the_run_or_the_faithfulness_tab
     summary = report["summary"]
     assert f"| Predictions scored | {summary['num_predictions']:,} |" in text
     assert f"{summary['num_significant']:,} of {summary['num_eligible_types']:,}" in text
+
+    # every number the card states anywhere in its prose and metadata comes from a record, and a wrong one is caught
+    known = card_facts(output_dir, report, faithfulness)
+    assert unexplained_numbers(text, known) == []
+    perplexity = f"{report['perplexity']['joint']:.2f}"
+    wrong_perplexity = f"{float(perplexity) + 0.01:.2f}"
+    planted = text.replace(f"| {perplexity} |", f"| {wrong_perplexity} |", 1).replace(
+        "trained for\n  ", "trained for\n  25 epochs of 5000 steps, ", 1
+    )
+    assert [number for number, _ in unexplained_numbers(planted, known)] == [wrong_perplexity, "25", "5000"]
+
+
+# Facts a card states that no run record holds: the paper's citation, the intervals' level and Sarle's threshold.
+CARD_CONSTANTS = {2022.0: "the paper's year", 2210.07041: "its arXiv id", 95.0: "95% intervals", 0.556: "5/9"}
+CARD_NUMBER = re.compile(r"(?<![\w.`/-])[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?%?")
+
+
+def numeric_leaves(value) -> list[float]:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in numeric_leaves(item)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def card_facts(repo_dir, report, faithfulness) -> set[float]:
+    """Every number the staged repository's records hold: config.json, both phases' training configs,
+    preference.json, the parameter counts of the saved weights, the tokenizer's size, and the paper's."""
+    records = [json.loads((repo_dir / "config.json").read_text()), report]
+    records += [yaml.safe_load(path.read_text()) for path in repo_dir.glob("training_config*.yaml")]
+    known = {leaf for record in records for leaf in numeric_leaves(record)}
+    sizes = {name: tensor.numel() for name, tensor in load_file(repo_dir / "model.safetensors").items()}
+    known.add(float(sum(size for name, size in sizes.items() if not name.startswith("probe"))))
+    known.add(float(sum(size for name, size in sizes.items() if name.startswith("probe"))))
+    known.add(float(AutoTokenizer.from_pretrained(repo_dir).vocab_size))
+    return known | paper_facts(faithfulness) | set(CARD_CONSTANTS)
+
+
+def paper_facts(faithfulness) -> set[float]:
+    """The paper's base size and phase-1 schedule as docs/FAITHFULNESS.md gives them: layers and width of the base
+    towers, optimizer steps and blocks a step."""
+    layers, width = re.search(r"and (\d+)/\d+/(\d+)/\d+\)", faithfulness).groups()
+    steps = re.search(r"`max_train_steps: (\d+)`", faithfulness)[1]
+    batch = re.search(r"(\d+) blocks a step", faithfulness)[1]
+    return {float(layers), float(width), float(steps), float(batch)}
+
+
+def unexplained_numbers(card_text, known) -> list[tuple[str, str]]:
+    """(number, line) for each number outside the card's code that no record gives at the precision shown
+    (a percentage may be a recorded share times 100)."""
+    prose = re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", card_text, flags=re.S))  # code and token texts
+    unexplained = []
+    for line in prose.splitlines():
+        for match in CARD_NUMBER.finditer(line):
+            written = match.group(0).replace(",", "").lstrip("+").rstrip("%")
+            decimals = None if "e" in written else len(written.partition(".")[2])
+            candidates = known | ({100 * value for value in known} if match.group(0).endswith("%") else set())
+            if not any(shown(value, decimals) == float(written) for value in candidates):
+                unexplained.append((match.group(0), line))
+    return unexplained
+
+
+def shown(value, decimals):
+    return value if decimals is None else round(value, decimals)
