@@ -26,6 +26,12 @@ TINY_SIZES = dict(
 )  # fmt: skip
 
 
+# How long a test waits for a child process (a launch, a script, a page's examples) before calling it hung. The
+# limits exist to catch hangs, not slowness: a loaded CI machine runs children several times slower than an idle one
+# (docs/development.md gives the slowest child measured at a load of 8 on 2 cores).
+HANG_LIMIT_S = 1200
+
+
 def tiny_two_tower_config(**config):
     """The config of `tiny_two_tower`: `config` overrides TINY_SIZES or sets any other TwoTowerConfig field."""
     return TwoTowerConfig(**{**TINY_SIZES, **config})

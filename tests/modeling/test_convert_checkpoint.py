@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM, TwoTowerModel
+from conftest import HANG_LIMIT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -74,9 +75,9 @@ def test_the_command_never_replaces_a_folder(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "kept.txt").write_text("mine")
     command = [sys.executable, str(SCRIPT), str(FIXTURES / "causal")]
-    refused = subprocess.run([*command, str(tmp_path / "taken")], capture_output=True, text=True, timeout=120)
+    refused = subprocess.run([*command, str(tmp_path / "taken")], capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert refused.returncode != 0 and "exists" in refused.stderr
     assert [path.name for path in (tmp_path / "taken").iterdir()] == ["kept.txt"]
-    done = subprocess.run([*command, str(tmp_path / "new")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*command, str(tmp_path / "new")], capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert done.returncode == 0 and "tensors renamed" in done.stdout
     assert not list(tmp_path.glob(".new.*"))  # no staging folder left behind

@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModelForMaskedLM
 
-from conftest import tiny_two_tower, tiny_two_tower_config
+from conftest import HANG_LIMIT_S, tiny_two_tower, tiny_two_tower_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 
 BATCH, SEQ, VOCAB = 3, 9, 101
@@ -287,7 +287,7 @@ def test_every_variant_round_trips_through_save_and_remote_code(tmp_path):
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote code OK" in result.stdout

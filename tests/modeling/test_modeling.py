@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, pipeline
 
 import modeling_twotower
-from conftest import TINY_SIZES, tiny_two_tower
+from conftest import HANG_LIMIT_S, TINY_SIZES, tiny_two_tower
 from conftest import tiny_two_tower_config as tiny_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
 
@@ -526,7 +526,7 @@ def test_loads_as_hub_custom_code_where_the_package_is_not_importable(tmp_path):
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote code OK TwoTowerForCausalLM" in result.stdout

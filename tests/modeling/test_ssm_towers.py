@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import tiny_two_tower
+from conftest import HANG_LIMIT_S, tiny_two_tower
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.towers_ssm import TwoTowerSSMTowers
 from twotower.training.objectives import make_collators, needs_masking
@@ -103,7 +103,7 @@ def test_save_load_and_remote_code_give_the_same_outputs(tmp_path):
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote code OK TwoTowerSSMTowers" in result.stdout

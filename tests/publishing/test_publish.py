@@ -27,6 +27,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file, save_file
 
+from conftest import HANG_LIMIT_S
 from modeling_twotower import TwoTowerForCausalLM
 from twotower.evaluation.publishing.publish_metric import METRIC_DIR, MODEL_CODE_DIR, SPACE_FILES, stage_metric_space
 from twotower.evaluation.publishing.publish_metric import main as publish_metric_main
@@ -298,7 +299,7 @@ def test_staged_repo_loads_from_a_hub_cache_offline_without_the_package(trained_
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "PYTHONPATH"))}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_TOKEN=FAKE_TOKEN, OMP_NUM_THREADS="1")
     command = [sys.executable, "-c", LOAD_FROM_CACHE, REPO_ID, commit, PROMPT, str(tmp_path / "outputs.safetensors")]
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     assert FAKE_TOKEN not in result.stdout + result.stderr
     outputs = load_file(tmp_path / "outputs.safetensors")
@@ -342,7 +343,7 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     built = subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(source)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_LIMIT_S,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("twotower-*.whl")
@@ -359,7 +360,7 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     assert data_files <= shipped, sorted(data_files - shipped)
     site = tmp_path / "site"
     installed = subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True, timeout=300
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True, timeout=HANG_LIMIT_S
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
 
@@ -369,7 +370,7 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
     output_dir = tmp_path / "staged"
     arguments = [str(model_dir), str(output_dir), REPO_ID, str(report_dir), "2 CPU cores"]  # as staged_repo
     command = [sys.executable, "-c", STAGE_FROM_INSTALLED_WHEEL, *arguments]
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == str(site / "twotower" / "evaluation" / "publishing" / "model_card.md")
     assert (output_dir / "README.md").read_text() == (staged_repo / "README.md").read_text()

@@ -11,6 +11,7 @@ import pytest
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from training.tokenizer import load_tokenizer, padded_vocab_size
+from conftest import HANG_LIMIT_S
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -52,7 +53,7 @@ def test_python_examples_run(page, main_job_layout):
     script = main_job_layout / f"{page.stem}_examples.py"
     script.write_text("\n".join(python_examples(page)), encoding="utf-8")
     result = subprocess.run([sys.executable, str(script)], cwd=main_job_layout, capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=HANG_LIMIT_S)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -13,6 +13,7 @@ from transformers import GPT2TokenizerFast
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation.lm_eval_wikitext import TASK_NAME, split_articles, write_wikitext_task
+from conftest import HANG_LIMIT_S
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 
@@ -54,7 +55,7 @@ def test_harness_word_perplexity_equals_the_models_own_log_likelihood(tmp_path, 
         "--device", "cpu", "--batch_size", "1", "--output_path", str(tmp_path / "results"),
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     (results_file,) = (tmp_path / "results").rglob("results_*.json")
     word_perplexity = json.loads(results_file.read_text())["results"][TASK_NAME]["word_perplexity,none"]

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 from test_training import corpus, tensorboard_scalars, tiny_config, validation_blocks  # noqa: F401 (a fixture)
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import training_function
+from conftest import HANG_LIMIT_S
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 
@@ -39,7 +40,6 @@ PER_DEVICE_BATCH = 4  # x 2 processes = the 1-process run's batch of 8
 ACCUMULATION = 4  # micro-batches per optimizer step: a global batch of 32 blocks
 MAX_STEPS = 6
 CHECKPOINT_STEP = 3  # the resumed runs start from this step's checkpoint
-LAUNCH_TIMEOUT = 300  # seconds; a launch takes 10-20 s (DeepSpeed's shm comm op is compiled by scripts/install.sh, not here)
 # The forced distributed type of each config, and the checkpoint file that only that plugin writes
 CONFIGS = {
     "ddp": ("MULTI_CPU", "optimizer.bin"),
@@ -91,7 +91,7 @@ def accelerate_launch(config_name: str, options: list[str], *launch_options: str
     """Run one launch to its end; returns its output (stdout and stderr)."""
     launch_options = launch_options or ("--main_process_port", str(free_port()))
     launched = subprocess.run(launch_command(config_name, options, *launch_options), cwd=REPO_ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LAUNCH_TIMEOUT)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=HANG_LIMIT_S)
     assert launched.returncode == 0, launched.stdout[-6000:]
     return launched.stdout
 
@@ -238,7 +238,7 @@ def test_saved_model_is_full_and_loads_by_remote_code(config_name, launched, one
         [sys.executable, "-c", REMOTE_CODE_LOAD, str(model_dir), str(tmp_path / "input_ids.pt"),
          str(tmp_path / "logits.pt")],
         cwd=tmp_path, env=environment | {"HF_MODULES_CACHE": str(tmp_path / "modules")},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_LIMIT_S,
     )
     assert loaded.returncode == 0, loaded.stderr[-4000:]
     assert torch.equal(torch.load(tmp_path / "logits.pt"), logits)
@@ -256,7 +256,7 @@ def test_two_machines_match_one_machine(launched, corpus, tmp_path):
         )
         for rank in range(2)
     ]
-    logs = [machine.communicate(timeout=LAUNCH_TIMEOUT)[0] for machine in machines]
+    logs = [machine.communicate(timeout=HANG_LIMIT_S)[0] for machine in machines]
     assert [machine.returncode for machine in machines] == [0, 0], logs[0][-4000:] + logs[1][-4000:]
     assert "2 process(es), DistributedType.MULTI_CPU" in logs[0]
 
@@ -275,7 +275,7 @@ def test_ddp_config_without_cpu_on_a_cpu_machine_refuses_to_train_alone(corpus, 
         pytest.skip("this machine has a GPU: ddp.yaml trains on it")
     options = [option for option in training_options(corpus, tmp_path) if not option.startswith("--cpu=")]
     launched = subprocess.run(launch_command("ddp", options, "--main_process_port", str(free_port())),
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert launched.returncode != 0
     assert "processes" in launched.stderr and "--cpu" in launched.stderr, launched.stderr[-4000:]
     assert not (tmp_path / "model").exists()

@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from twotower.training.arguments import load_config
 from twotower.training.train import training_function
+from conftest import HANG_LIMIT_S
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 
@@ -73,7 +74,7 @@ def run_two_processes(recipe: str, corpus: dict, output_dir: Path, **overrides) 
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "twotower.training.train",
          *cli_args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_LIMIT_S,
     )
     assert launched.returncode == 0, launched.stderr[-4000:]
     return {name: tensorboard_scalars(output_dir, config.phase, f"{kind}/loss") for name, kind in

@@ -30,6 +30,7 @@ from twotower.evaluation.publishing.publish import render_model_card, stage_mode
 from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
+from conftest import HANG_LIMIT_S
 
 BLOCK_SIZE = 32
 SCORED_BLOCKS = 6
@@ -256,7 +257,7 @@ def test_staged_masked_model_loads_as_remote_code_in_a_clean_process(pipeline_ru
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run([sys.executable, "-c", script, str(staged)], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+                            text=True, timeout=HANG_LIMIT_S)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote code OK" in result.stdout
 

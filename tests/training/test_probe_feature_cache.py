@@ -24,6 +24,7 @@ from twotower.training.objectives import make_collators
 from twotower.training.probe_cache import cache_both_splits, plan_feature_cache
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
+from conftest import HANG_LIMIT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE, BLOCK_SIZE, HIDDEN_SIZE = 320, 32, 24
@@ -225,7 +226,7 @@ def test_two_processes_recompute_their_own_share_as_they_would_cache_it(models, 
         launched = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "twotower.training.train",
              *cli_args],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_LIMIT_S,
         )  # fmt: skip
         assert launched.returncode == 0, launched.stderr[-4000:]
         results[mode] = load_file(tmp_path / mode / "model" / "model.safetensors")

@@ -29,6 +29,7 @@ from twotower.training.probe_cache import FeatureCache, build_feature_cache
 from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
 from twotower.training.validation import evaluate_cached
+from conftest import HANG_LIMIT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 320  # ln(320) = 5.77 nats for a uniform guess
@@ -336,7 +337,7 @@ def test_two_processes_train_the_same_linear_probes(linear_run, tmp_path):
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "twotower.training.train",
          *cli_args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_LIMIT_S,
     )
     assert launched.returncode == 0, launched.stderr[-4000:]
     # The probes of the 2-process run are at the optimum of the objective over ALL training positions, not over

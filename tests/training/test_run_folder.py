@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from conftest import HANG_LIMIT_S
 import modeling_twotower
 from test_training import corpus, tiny_config  # noqa: F401 (corpus is a fixture)
 from twotower.training import run_folder
@@ -80,7 +81,7 @@ def test_a_second_run_on_a_locked_folder_fails_at_once_naming_the_holder(corpus,
         assert time.perf_counter() - start < 10  # at once, not after the data and the model
     finally:
         holder.kill()  # kill -9: the system releases its lock; its PID file stays behind, harmless
-        holder.wait(timeout=60)
+        holder.wait(timeout=HANG_LIMIT_S)
     message = str(raised.value)
     assert f"--output_dir {tmp_path / 'run'} is in use by another run (process {holder.pid} on " in message
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "model").exists()
@@ -107,7 +108,7 @@ def test_every_process_of_a_run_fails_on_a_locked_folder(tmp_path):
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
               str(tmp_path / "lock_on_two_processes.py"), str(tmp_path / "run")]
     with output_dir_lock(tmp_path / "run"):
-        refused = subprocess.run(launch, capture_output=True, text=True, timeout=300)
+        refused = subprocess.run(launch, capture_output=True, text=True, timeout=HANG_LIMIT_S)
     assert refused.returncode != 0
     message = f"TwoTowerUserError: --output_dir {tmp_path / 'run'} is in use by another run (process {os.getpid()} on "
     assert refused.stderr.count(message) == 2, refused.stderr[-4000:]  # each rank raised it

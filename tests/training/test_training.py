@@ -41,6 +41,7 @@ from twotower.training.throughput import flops_per_token
 from twotower.training.tokenizer import load_tokenizer
 from twotower.training.train import train_loop, training_function
 from twotower.training.validation import evaluate_cached
+from conftest import HANG_LIMIT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 512  # the trained BPE: a fast decoder, and ln(512) = 6.24 nats at the start
@@ -258,7 +259,7 @@ def test_two_processes_match_one_process(corpus, tmp_path):
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "twotower.training.train",
          *cli_args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=HANG_LIMIT_S,
     )
     assert launched.returncode == 0, launched.stderr[-4000:]
     two_losses = tensorboard_scalars(tmp_path / "two", "pretrain", "train/loss")
