@@ -279,8 +279,9 @@ def factorial_analysis(summaries, runs_dir, study, endpoints=None) -> dict | Non
                                 **point_analysis(points, endpoints)})
     primary_text = next(iter(study.eval_texts))
     final = {result["text"]: result for result in results if result["step"] == steps[-1]}
+    planned = sum(run.family in factors for run in study.runs())
     return {"factors": factors, "primary_text": primary_text, "final_step": steps[-1], "points": results,
-            "verdict": factorial_verdict(final, primary_text)}
+            "runs_kept": len(runs), "runs_planned": planned, "verdict": factorial_verdict(final, primary_text)}
 
 
 def _excludes_zero(effect) -> bool:
