@@ -2,7 +2,8 @@
 listed below with the command or file that produced it; README.md's study section holds no number outside its block.
 
 The records are the numeric leaves of the committed JSON under docs/study (study.json of each part, the kept runs'
-run.json and preference.json, the convergence curves). A number matches a record at the precision it is written
+run.json and preference.json, the convergence curves) and of the study recipes (evaluation/study/recipes/*.yaml: the
+design's steps, blocks and token counts). A number matches a record at the precision it is written
 with: 0.846 is a record rounded to 3 decimals, 153 one rounded to an integer, 8.1% a share x100 (or a percentage)
 rounded to 1 decimal, and 1,000 is 1000. Fenced code, inline code (commands, options, file names) and the generated
 blocks are not read; the generated blocks are held to the JSON by test_study_summary.py.
@@ -20,8 +21,11 @@ import json
 import re
 from pathlib import Path
 
+import yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUDY_DIR = REPO_ROOT / "docs" / "study"
+RECIPES_DIR = REPO_ROOT / "evaluation" / "study" / "recipes"
 STUDY_MD = REPO_ROOT / "docs" / "study.md"
 README = REPO_ROOT / "README.md"
 
@@ -98,7 +102,9 @@ def study_records(study_dir: Path = STUDY_DIR) -> dict:
     out = {"leaves": [], "figures": [], "intervals": []}
     for path in sorted(study_dir.rglob("*.json")):
         _leaves(json.loads(path.read_text()), out)
-    # 2 decimals of one record at a time, for the lone numbers' lookup
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        _leaves(yaml.safe_load(path.read_text()), out)
+    # each record rounded to 0-3 decimals, for the lone numbers' lookup
     out["rounded"] = {digits: {round(x, digits) for x in out["leaves"]} for digits in range(0, 4)}
     return out
 
@@ -186,11 +192,12 @@ def test_every_number_of_study_md_outside_its_generated_blocks_is_a_study_record
 def test_a_planted_wrong_number_is_reported():
     records, text = study_records(), STUDY_MD.read_text()
     verdict = json.loads((STUDY_DIR / "study.json").read_text())["verdicts"]["causal"]
-    written = f"{verdict['reliability']:.3f}\n  [{verdict['reliability_ci'][0]:.3f}, {verdict['reliability_ci'][1]:.3f}]"
-    assert text.count(written) == 1
-    planted = f"{verdict['reliability'] + 0.01:.3f}" + written[5:]
-    assert unmatched_numbers(text.replace(written, planted), records) == [
-        f"line {text[:text.index(written)].count(chr(10)) + 1}: {planted.replace(chr(10) + '  ', ' ')}"]
+    value, (low, high) = verdict["reliability"], verdict["reliability_ci"]
+    written = re.search(rf"{value:.3f}\s*\[{low:.3f}, {high:.3f}\]", text)  # the causal reliability, as written
+    planted = f"{value + 0.01:.3f} [{low:.3f}, {high:.3f}]"
+    line = text.count("\n", 0, written.start()) + 1
+    changed = text[: written.start()] + planted + text[written.end():]
+    assert unmatched_numbers(text, records) == [] and unmatched_numbers(changed, records) == [f"line {line}: {planted}"]
     # an interval alone, one end moved by 0.01
     interval = f"[{verdict['control_reliability_ci'][0]:.3f}, {verdict['control_reliability_ci'][1]:.3f}]"
     moved = f"[{verdict['control_reliability_ci'][0]:.3f}, {verdict['control_reliability_ci'][1] + 0.01:.3f}]"
