@@ -1,0 +1,198 @@
+"""
+Where a training step's time goes (issue #53): torch.profiler over a few training steps (forward, backward,
+gradient clipping, AdamW, as `workloads.TrainingStep` runs them) of the two-tower model and of equal-FLOP GPT-2,
+eager and compiled, on one thread. Prints, per model and mode, the self-CPU time of each operator group in ms per
+step and as a share of the step.
+
+    python -m benchmarks.profile_step --hidden_size 128 --intermediate_size 512 --vocab_size 8192 --micro_batch 16 \
+        --tower_wide_embedding
+
+Eager ops are grouped by the module that ran them (forward hooks open a profiler range; a backward op takes the
+group of the forward op that made its autograd node). Compiled code runs as inductor kernels, grouped by name and
+shape: the fusion's LayerNorm counts as a layer norm there, and its concatenation is fused away.
+"""
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+from transformers import HfArgumentParser
+
+from .baselines import GPT2_EQUAL_FLOPS, TWO_TOWER, build_model
+from .bench_speed import BenchmarkArguments, size_config
+from .workloads import MAX_GRAD_NORM, Setting, prepare_for_training, random_ids
+
+GROUPS = (
+    "block matmuls", "attention", "layer norms", "fusion", "vocabulary projection + loss", "optimizer step",
+    "copies, permutes", "other",
+)
+COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::_to_copy", "aten::empty_like")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+OPTIMIZER_RANGE = "group:optimizer step"
+
+
+@dataclass
+class ProfileArguments:
+    size: str = "tiny"
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    vocab_size: int = 8192
+    micro_batch: int = 16
+    tower_wide_embedding: bool = True  # the GPT layout: FLOPs per token equal GPT-2's
+    steps: int = 3  # profiled steps, after `warmup` untimed ones
+    warmup: int = 2
+    modes: list[str] = field(default_factory=lambda: ["none", "full"])  # compile modes: none | full | regional
+
+
+def module_groups(name: str, model: nn.Module) -> dict[nn.Module, str]:
+    """The modules whose forward opens a profiler range, and their group."""
+    if name == TWO_TOWER:
+        towers = model.model.towers
+        groups = {model.lm_head: "vocabulary projection + loss", model.model.fusion: "fusion", towers.tower_norm: "layer norms"}
+        for layer in towers.layers:
+            for linear in (*layer.self_attn.children(), layer.mlp.up_proj, layer.mlp.down_proj):
+                groups[linear] = "block matmuls"
+            groups[layer.input_layernorm] = groups[layer.post_attention_layernorm] = "layer norms"
+        return groups
+    groups = {model.lm_head: "vocabulary projection + loss", model.transformer.ln_f: "layer norms"}
+    for block in model.transformer.h:
+        for linear in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
+            groups[linear] = "block matmuls"
+        groups[block.ln_1] = groups[block.ln_2] = "layer norms"
+    loss_function = model.loss_function
+
+    def ranged_loss(*args, **kwargs):
+        with record_function("group:vocabulary projection + loss"):
+            return loss_function(*args, **kwargs)
+
+    model.loss_function = ranged_loss
+    return groups
+
+
+def add_ranges(groups: dict[nn.Module, str]) -> None:
+    for module, group in groups.items():
+        ranges = []
+        module.register_forward_pre_hook(lambda *_, g=group, r=ranges: r.append(record_function(f"group:{g}").__enter__()))
+        module.register_forward_hook(lambda *_, r=ranges: r.pop().__exit__(None, None, None))
+
+
+def shape_group(event, vocab_size: int, seq_len: int) -> str:
+    """The group of a matmul from its shapes (the only clue inside compiled code)."""
+    dims = [dim for shape in event.input_shapes for dim in shape]
+    if vocab_size in dims:
+        return "vocabulary projection + loss"
+    if event.name in ("aten::bmm", "aten::baddbmm") and dims.count(seq_len) >= 2:
+        return "attention"
+    return "block matmuls"
+
+
+def name_group(event, vocab_size: int, seq_len: int) -> str | None:
+    name = event.name
+    if name in MATMUL_OPS:
+        return shape_group(event, vocab_size, seq_len)
+    if "layer_norm" in name:
+        return "layer norms"
+    if "log_softmax" in name or "nll_loss" in name or "cross_entropy" in name:
+        return "vocabulary projection + loss"
+    if "softmax" in name or "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention"
+    if name in COPY_OPS or name.startswith("cpp_fused_clone") or name.startswith("cpp_fused_cat"):
+        return "copies, permutes"
+    return None
+
+
+def event_group(event, forward_groups: dict[int, str], vocab_size: int, seq_len: int) -> str:
+    """An event's group: the optimizer range, a copy, the nearest module range or attention op, else by name."""
+    ancestors, parent = [], event.cpu_parent
+    while parent is not None:
+        ancestors.append(parent)
+        parent = parent.cpu_parent
+    if any(a.name == OPTIMIZER_RANGE for a in ancestors):
+        return "optimizer step"
+    if event.name in COPY_OPS:
+        return "copies, permutes"
+    for ancestor in [event, *ancestors]:
+        if ancestor.name.startswith("group:"):
+            return ancestor.name[len("group:"):]
+        if ancestor.name == "aten::scaled_dot_product_attention":
+            return "attention"
+        if ancestor.name.startswith("autograd::engine::evaluate_function") and ancestor.sequence_nr in forward_groups:
+            return forward_groups[ancestor.sequence_nr]
+    return name_group(event, vocab_size, seq_len) or "other"
+
+
+def forward_op_groups(events, vocab_size: int, seq_len: int) -> dict[int, str]:
+    """Group of each forward op that made an autograd node, by its sequence number (its backward's too)."""
+    groups = {}
+    for event in events:
+        if event.sequence_nr >= 0 and not event.name.startswith("autograd::") and event.sequence_nr not in groups:
+            groups[event.sequence_nr] = event_group(event, {}, vocab_size, seq_len)
+    return groups
+
+
+def profile_model(name: str, config, mode: str, args: ProfileArguments) -> dict[str, float]:
+    """ms of self-CPU time per step in each group, over `args.steps` profiled training steps."""
+    model = build_model(name, config)
+    if mode == "none":
+        add_ranges(module_groups(name, model))
+    callable_model = prepare_for_training(model, Setting(compile=mode), torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    input_ids = random_ids(config.vocab_size, args.micro_batch, config.max_position_embeddings, torch.device("cpu"))
+
+    def step():
+        callable_model(input_ids=input_ids, labels=input_ids).loss.backward()
+        with record_function(OPTIMIZER_RANGE):
+            nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(args.steps):
+            step()
+    events = prof.events()
+    forward_groups = forward_op_groups(events, config.vocab_size, config.max_position_embeddings)
+    times = defaultdict(float)
+    for event in events:
+        times[event_group(event, forward_groups, config.vocab_size, config.max_position_embeddings)] += (
+            event.self_cpu_time_total / 1e3 / args.steps
+        )
+    return times
+
+
+def markdown(columns: dict[str, dict[str, float]]) -> str:
+    names = list(columns)
+    lines = ["| group | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    totals = {name: sum(times.values()) for name, times in columns.items()}
+    for group in GROUPS:
+        cells = [f"{columns[n].get(group, 0.0):.1f} ms ({columns[n].get(group, 0.0) / totals[n]:.0%})" for n in names]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    lines.append("| **step (self-CPU total)** | " + " | ".join(f"**{totals[n]:.1f} ms**" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    (args,) = HfArgumentParser(ProfileArguments).parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    torch.set_num_threads(1)
+    torch._inductor.config.cpp.enable_kernel_profile = True  # compiled kernels by name in the profile
+    bench_args = BenchmarkArguments(
+        sizes=[args.size], hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+        vocab_size=args.vocab_size, tower_wide_embedding=args.tower_wide_embedding,
+    )
+    config = size_config(args.size, bench_args)
+    columns = {}
+    for mode in args.modes:
+        for name in (TWO_TOWER, GPT2_EQUAL_FLOPS):
+            print(f"profiling {name}, compile={mode}", flush=True)
+            columns[f"{name}, {'eager' if mode == 'none' else f'compile={mode}'}"] = profile_model(name, config, mode, args)
+    table = markdown(columns)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
