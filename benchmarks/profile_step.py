@@ -12,8 +12,8 @@ group of the forward op that made its autograd node). Compiled code runs as indu
 shape: the fusion's LayerNorm counts as a layer norm there, and its concatenation is fused away.
 """
 
+import statistics
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -26,12 +26,19 @@ from .bench_speed import BenchmarkArguments, size_config
 from .workloads import MAX_GRAD_NORM, Setting, prepare_for_training, random_ids
 
 GROUPS = (
-    "block matmuls", "attention", "layer norms", "fusion", "vocabulary projection + loss", "optimizer step",
-    "copies, permutes", "other",
+    "block matmuls", "attention", "layer norms", "fusion", "vocabulary projection + loss", "dropout masks",
+    "optimizer step", "copies, permutes", "other",
 )
 COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::_to_copy", "aten::empty_like")
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 OPTIMIZER_RANGE = "group:optimizer step"
+NAME_GROUPS = (  # a fused kernel belongs to the first group one of its op names matches
+    (("log_softmax", "nll_loss", "cross_entropy"), "vocabulary projection + loss"),
+    (("softmax", "scaled_dot_product", "flash_attention"), "attention"),
+    (("bernoulli", "native_dropout", "rand"), "dropout masks"),
+    (("layer_norm",), "layer norms"),
+    (("clone", "permute", "transpose", "cat", "copy"), "copies, permutes"),
+)
 
 
 @dataclass
@@ -42,7 +49,7 @@ class ProfileArguments:
     vocab_size: int = 8192
     micro_batch: int = 16
     tower_wide_embedding: bool = True  # the GPT layout: FLOPs per token equal GPT-2's
-    steps: int = 3  # profiled steps, after `warmup` untimed ones
+    steps: int = 5  # profiled steps of each model, alternating, after `warmup` untimed ones
     warmup: int = 2
     modes: list[str] = field(default_factory=lambda: ["none", "full"])  # compile modes: none | full | regional
 
@@ -90,51 +97,56 @@ def shape_group(event, vocab_size: int, seq_len: int) -> str:
 
 
 def name_group(event, vocab_size: int, seq_len: int) -> str | None:
+    """The group of an op or an inductor kernel (named after the ops it fuses) by its name, first match wins."""
     name = event.name
     if name in MATMUL_OPS:
         return shape_group(event, vocab_size, seq_len)
-    if "layer_norm" in name:
-        return "layer norms"
-    if "log_softmax" in name or "nll_loss" in name or "cross_entropy" in name:
-        return "vocabulary projection + loss"
-    if "softmax" in name or "scaled_dot_product" in name or "flash_attention" in name:
-        return "attention"
-    if name in COPY_OPS or name.startswith("cpp_fused_clone") or name.startswith("cpp_fused_cat"):
-        return "copies, permutes"
+    for words, group in NAME_GROUPS:
+        if any(word in name for word in words):
+            return group
+    return None
+
+
+def range_group(event, forward_groups: dict[int, str]) -> str | None:
+    """The group of the nearest module range, attention op or (in backward) forward op above `event`, if any."""
+    while event is not None:
+        if event.name.startswith("group:"):
+            return event.name[len("group:"):]
+        if event.name == "aten::scaled_dot_product_attention":
+            return "attention"
+        if event.name.startswith("autograd::engine::evaluate_function") and event.sequence_nr in forward_groups:
+            return forward_groups[event.sequence_nr]
+        event = event.cpu_parent
     return None
 
 
 def event_group(event, forward_groups: dict[int, str], vocab_size: int, seq_len: int) -> str:
-    """An event's group: the optimizer range, a copy, the nearest module range or attention op, else by name."""
-    ancestors, parent = [], event.cpu_parent
-    while parent is not None:
-        ancestors.append(parent)
+    """An event's group: the optimizer range, a copy, a dropout mask, its range's group, else by its name."""
+    parent = event.cpu_parent
+    while parent is not None and parent.name != OPTIMIZER_RANGE:
         parent = parent.cpu_parent
-    if any(a.name == OPTIMIZER_RANGE for a in ancestors):
+    if parent is not None:
         return "optimizer step"
     if event.name in COPY_OPS:
         return "copies, permutes"
-    for ancestor in [event, *ancestors]:
-        if ancestor.name.startswith("group:"):
-            return ancestor.name[len("group:"):]
-        if ancestor.name == "aten::scaled_dot_product_attention":
-            return "attention"
-        if ancestor.name.startswith("autograd::engine::evaluate_function") and ancestor.sequence_nr in forward_groups:
-            return forward_groups[ancestor.sequence_nr]
-    return name_group(event, vocab_size, seq_len) or "other"
+    if event.name == "aten::bernoulli_":
+        return "dropout masks"
+    return range_group(event, forward_groups) or name_group(event, vocab_size, seq_len) or "other"
 
 
-def forward_op_groups(events, vocab_size: int, seq_len: int) -> dict[int, str]:
-    """Group of each forward op that made an autograd node, by its sequence number (its backward's too)."""
+def forward_op_groups(events) -> dict[int, str]:
+    """Module-range group of each forward op that made an autograd node, by its sequence number (its backward's)."""
     groups = {}
     for event in events:
         if event.sequence_nr >= 0 and not event.name.startswith("autograd::") and event.sequence_nr not in groups:
-            groups[event.sequence_nr] = event_group(event, {}, vocab_size, seq_len)
+            group = range_group(event, {})
+            if group is not None:
+                groups[event.sequence_nr] = group
     return groups
 
 
-def profile_model(name: str, config, mode: str, args: ProfileArguments) -> dict[str, float]:
-    """ms of self-CPU time per step in each group, over `args.steps` profiled training steps."""
+def training_step(name: str, config, mode: str, args: ProfileArguments):
+    """One model's training step, as a function of no arguments (the model built, compiled and warmed up)."""
     model = build_model(name, config)
     if mode == "none":
         add_ranges(module_groups(name, model))
@@ -151,17 +163,31 @@ def profile_model(name: str, config, mode: str, args: ProfileArguments) -> dict[
 
     for _ in range(args.warmup):
         step()
+    return step
+
+
+def group_times(step, config) -> dict[str, float]:
+    """ms of self-CPU time in each group over one profiled call of `step`."""
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(args.steps):
-            step()
+        step()
     events = prof.events()
-    forward_groups = forward_op_groups(events, config.vocab_size, config.max_position_embeddings)
-    times = defaultdict(float)
+    forward_groups = forward_op_groups(events)
+    times = dict.fromkeys(GROUPS, 0.0)
     for event in events:
         times[event_group(event, forward_groups, config.vocab_size, config.max_position_embeddings)] += (
-            event.self_cpu_time_total / 1e3 / args.steps
+            event.self_cpu_time_total / 1e3
         )
     return times
+
+
+def profile_models(config, mode: str, args: ProfileArguments) -> dict[str, dict[str, float]]:
+    """Per model, each group's median ms per step over `args.steps` steps, the models' steps alternating."""
+    steps = {name: training_step(name, config, mode, args) for name in (TWO_TOWER, GPT2_EQUAL_FLOPS)}
+    samples = {name: [] for name in steps}
+    for _ in range(args.steps):
+        for name, step in steps.items():
+            samples[name].append(group_times(step, config))
+    return {name: {group: statistics.median(s[group] for s in runs) for group in GROUPS} for name, runs in samples.items()}
 
 
 def markdown(columns: dict[str, dict[str, float]]) -> str:
@@ -171,7 +197,7 @@ def markdown(columns: dict[str, dict[str, float]]) -> str:
     for group in GROUPS:
         cells = [f"{columns[n].get(group, 0.0):.1f} ms ({columns[n].get(group, 0.0) / totals[n]:.0%})" for n in names]
         lines.append(f"| {group} | " + " | ".join(cells) + " |")
-    lines.append("| **step (self-CPU total)** | " + " | ".join(f"**{totals[n]:.1f} ms**" for n in names) + " |")
+    lines.append("| **step (sum of the medians)** | " + " | ".join(f"**{totals[n]:.1f} ms**" for n in names) + " |")
     return "\n".join(lines)
 
 
@@ -186,9 +212,9 @@ def main(argv: list[str] | None = None) -> str:
     config = size_config(args.size, bench_args)
     columns = {}
     for mode in args.modes:
-        for name in (TWO_TOWER, GPT2_EQUAL_FLOPS):
-            print(f"profiling {name}, compile={mode}", flush=True)
-            columns[f"{name}, {'eager' if mode == 'none' else f'compile={mode}'}"] = profile_model(name, config, mode, args)
+        print(f"profiling compile={mode}", flush=True)
+        for name, times in profile_models(config, mode, args).items():
+            columns[f"{name}, {'eager' if mode == 'none' else f'compile={mode}'}"] = times
     table = markdown(columns)
     print(table)
     return table
