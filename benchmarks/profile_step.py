@@ -86,21 +86,23 @@ def add_ranges(groups: dict[nn.Module, str]) -> None:
         module.register_forward_hook(lambda *_, r=ranges: r.pop().__exit__(None, None, None))
 
 
-def shape_group(event, vocab_size: int, seq_len: int) -> str:
-    """The group of a matmul from its shapes (the only clue inside compiled code)."""
+def shape_group(event, config) -> str:
+    """The group of a matmul from its shapes (the only clue inside compiled code): a batched matmul over more than
+    the towers is attention (batch x heads); GPT-2's block matmuls are plain ones."""
     dims = [dim for shape in event.input_shapes for dim in shape]
-    if vocab_size in dims:
+    if config.vocab_size in dims:
         return "vocabulary projection + loss"
-    if event.name in ("aten::bmm", "aten::baddbmm") and dims.count(seq_len) >= 2:
+    shapes = [shape for shape in event.input_shapes if len(shape) == 3]
+    if shapes and shapes[-1][0] > config.num_towers:
         return "attention"
     return "block matmuls"
 
 
-def name_group(event, vocab_size: int, seq_len: int) -> str | None:
+def name_group(event, config) -> str | None:
     """The group of an op or an inductor kernel (named after the ops it fuses) by its name, first match wins."""
     name = event.name
     if name in MATMUL_OPS:
-        return shape_group(event, vocab_size, seq_len)
+        return shape_group(event, config)
     for words, group in NAME_GROUPS:
         if any(word in name for word in words):
             return group
@@ -120,7 +122,7 @@ def range_group(event, forward_groups: dict[int, str]) -> str | None:
     return None
 
 
-def event_group(event, forward_groups: dict[int, str], vocab_size: int, seq_len: int) -> str:
+def event_group(event, forward_groups: dict[int, str], config) -> str:
     """An event's group: the optimizer range, a copy, a dropout mask, its range's group, else by its name."""
     parent = event.cpu_parent
     while parent is not None and parent.name != OPTIMIZER_RANGE:
@@ -131,7 +133,7 @@ def event_group(event, forward_groups: dict[int, str], vocab_size: int, seq_len:
         return "copies, permutes"
     if event.name == "aten::bernoulli_":
         return "dropout masks"
-    return range_group(event, forward_groups) or name_group(event, vocab_size, seq_len) or "other"
+    return range_group(event, forward_groups) or name_group(event, config) or "other"
 
 
 def forward_op_groups(events) -> dict[int, str]:
@@ -174,9 +176,7 @@ def group_times(step, config) -> dict[str, float]:
     forward_groups = forward_op_groups(events)
     times = dict.fromkeys(GROUPS, 0.0)
     for event in events:
-        times[event_group(event, forward_groups, config.vocab_size, config.max_position_embeddings)] += (
-            event.self_cpu_time_total / 1e3
-        )
+        times[event_group(event, forward_groups, config)] += event.self_cpu_time_total / 1e3
     return times
 
 
