@@ -176,7 +176,8 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     steps = {name: TrainingStep(model, setting, device, input_ids) for name, model in models.items()}
     twin = compiled_twin_setting(setting, args)
     if twin is not None:  # each model also compiled, a fresh copy with the same weights, timed in the same rounds
-        steps |= {f"{name} {COMPILED}": TrainingStep(build_model(name, config), twin, device, input_ids) for name in models}
+        for name in models:
+            steps[f"{name} {COMPILED}"] = TrainingStep(build_model(name, config), twin, device, input_ids)
     train = measure(steps, **timing)
     del steps
     # fresh models for inference: no checkpointing, compilation or optimizer state left over

@@ -58,7 +58,8 @@ def module_groups(name: str, model: nn.Module) -> dict[nn.Module, str]:
     """The modules whose forward opens a profiler range, and their group."""
     if name == TWO_TOWER:
         towers = model.model.towers
-        groups = {model.lm_head: "vocabulary projection + loss", model.model.fusion: "fusion", towers.tower_norm: "layer norms"}
+        groups = {model.lm_head: "vocabulary projection + loss", model.model.fusion: "fusion"}
+        groups[towers.tower_norm] = "layer norms"
         for layer in towers.layers:
             for linear in (*layer.self_attn.children(), layer.mlp.up_proj, layer.mlp.down_proj):
                 groups[linear] = "block matmuls"
@@ -82,7 +83,8 @@ def module_groups(name: str, model: nn.Module) -> dict[nn.Module, str]:
 def add_ranges(groups: dict[nn.Module, str]) -> None:
     for module, group in groups.items():
         ranges = []
-        module.register_forward_pre_hook(lambda *_, g=group, r=ranges: r.append(record_function(f"group:{g}").__enter__()))
+        opened = record_function(f"group:{group}")
+        module.register_forward_pre_hook(lambda *_, o=opened, r=ranges: r.append(o.__enter__()))
         module.register_forward_hook(lambda *_, r=ranges: r.pop().__exit__(None, None, None))
 
 
@@ -187,7 +189,10 @@ def profile_models(config, mode: str, args: ProfileArguments) -> dict[str, dict[
     for _ in range(args.steps):
         for name, step in steps.items():
             samples[name].append(group_times(step, config))
-    return {name: {group: statistics.median(s[group] for s in runs) for group in GROUPS} for name, runs in samples.items()}
+    return {
+        name: {group: statistics.median(times[group] for times in runs) for group in GROUPS}
+        for name, runs in samples.items()
+    }
 
 
 def markdown(columns: dict[str, dict[str, float]]) -> str:

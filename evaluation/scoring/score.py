@@ -79,8 +79,8 @@ DATA_FIELDS = (
     "spread_blocks",
 )
 SETTINGS_FIELDS = (
-    "batch_size", "probe_chunk_size", "dtype", "torch_compile", "alpha", "min_count", "top_k", "center", "pair_replicas",
-    "ablation", "document_pattern", "parts_of_speech",
+    "batch_size", "probe_chunk_size", "dtype", "torch_compile", "alpha", "min_count", "top_k", "center",
+    "pair_replicas", "ablation", "document_pattern", "parts_of_speech",
 )
 # keyword-only: the required I/O fields follow DataArguments' fields, which have defaults
 @dataclass(kw_only=True)
