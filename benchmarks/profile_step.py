@@ -4,12 +4,12 @@ gradient clipping, AdamW, as `workloads.TrainingStep` runs them) of the two-towe
 eager and compiled, on one thread. Prints, per model and mode, the self-CPU time of each operator group in ms per
 step and as a share of the step.
 
-    python -m benchmarks.profile_step --hidden_size 128 --intermediate_size 512 --vocab_size 8192 --micro_batch 16 \
-        --tower_wide_embedding
+    python -m benchmarks.profile_step --steps 3 --warmup 1   # tiny, width 128, MLP 512, vocabulary 8192, 16 x 128
 
 Eager ops are grouped by the module that ran them (forward hooks open a profiler range; a backward op takes the
 group of the forward op that made its autograd node). Compiled code runs as inductor kernels, grouped by name and
-shape: the fusion's LayerNorm counts as a layer norm there, and its concatenation is fused away.
+shape: the fusion's LayerNorm counts as a layer norm there, and a kernel that fuses a dropout into other work
+counts as dropout masks.
 """
 
 import statistics
