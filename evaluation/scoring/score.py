@@ -124,7 +124,7 @@ class ScoringArguments(DataArguments):
     cpu: bool = option(False, "score on CPU even when a GPU is present")
     torch_compile: bool = option(
         False, "compile the towers, the joint head and the probes (torch.compile; the first batches of each shape "
-        "wait for the compiler): on a 2-core CPU the tiny model scored 1.8x the tokens/s (docs/speed.md)",
+        "wait for the compiler): on a 2-core CPU the tiny model scored 1.8-2.1x the tokens/s (docs/speed.md)",
     )
     disable_tqdm: bool = option(False, "hide the progress bar")
 
