@@ -17,7 +17,7 @@ A smoke run (seconds):
 
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from transformers import HfArgumentParser
@@ -56,6 +56,7 @@ CPU_MAX_MICRO_BATCH, CPU_QUICK_MAX_MICRO_BATCH, ACCELERATOR_MAX_MICRO_BATCH = 32
 ARCHITECTURE_OPTIONS = (
     "num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "embedding_size"
 )
+COMPILED = "(compiled)"  # the name suffix of a model's compiled twin in the training measurement
 CPU_MEMORY_BUDGET_FRACTION = 0.75  # of the RAM: what a CPU micro-batch may use (accelerators stop at out-of-memory)
 
 
@@ -79,6 +80,8 @@ class BenchmarkArguments:
     precision: str | None = None  # fp32 | tf32 | bf16 | fp16; None = bf16 on GPUs that have it, else fp32
     attn_implementation: str = "sdpa"  # sdpa | eager
     compile: str = "none"  # none | full | regional (training only; decoding and scoring run uncompiled)
+    compiled_twin: str = "full"  # with compile=none, training is also timed compiled this way (full | regional) in
+    # the same rounds, for eager and compiled ratios side by side; none times it eager only
     activation_checkpointing: bool = False
 
     # timing and hardware
@@ -114,6 +117,7 @@ class BenchmarkArguments:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
         Setting(self.precision or "fp32", self.attn_implementation, self.compile)  # validates the values
+        Setting(compile=self.compiled_twin)
         for values, allowed in (
             (self.search_precisions, PRECISIONS),
             (self.search_attn_implementations, ATTN_IMPLEMENTATIONS),
@@ -169,7 +173,13 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     print("  training", flush=True)
     models = {name: build_model(name, config) for name in MODEL_NAMES}
     rows = {name: {"parameters": num_parameters(model)} for name, model in models.items()}
-    train = measure({name: TrainingStep(model, setting, device, input_ids) for name, model in models.items()}, **timing)
+    steps = {name: TrainingStep(model, setting, device, input_ids) for name, model in models.items()}
+    twin = compiled_twin_setting(setting, args)
+    if twin is not None:  # each model also compiled, a fresh copy with the same weights, timed in the same rounds
+        for name in models:
+            steps[f"{name} {COMPILED}"] = TrainingStep(build_model(name, config), twin, device, input_ids)
+    train = measure(steps, **timing)
+    del steps
     # fresh models for inference: no checkpointing, compilation or optimizer state left over
     models = {name: build_model(name, config) for name in MODEL_NAMES}
     release_memory(device)
@@ -183,11 +193,13 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     for name, row in rows.items():
         row["flops_per_token"] = training_flops_per_token(name, config, seq_len)
         row.update(train=asdict(train[name]), score=asdict(score[name]))
+        row["train_compiled"] = asdict(train[f"{name} {COMPILED}"]) if twin is not None else None
         row["decode"] = asdict(decode[name]) if name in decode else None
     del models, decoding
     release_memory(device)
     return {
         "setting": str(setting),
+        "compiled_setting": None if twin is None else str(twin),
         "micro_batch": micro_batch,
         "decode_batch": micro_batch,
         "new_tokens": new_tokens,
@@ -199,17 +211,26 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     }
 
 
+def compiled_twin_setting(setting: Setting, args: BenchmarkArguments) -> Setting | None:
+    """The compiled setting training is also timed in, or None (compiled already, or --compiled_twin none)."""
+    if setting.compile != "none" or args.compiled_twin == "none":
+        return None
+    return replace(setting, compile=args.compiled_twin)
+
+
 def add_mfu_and_ratios(comparison: dict, peak_flops: float) -> None:
     """MFU of each model's training at the run's peak, and the two-tower model's ratio to each baseline."""
     rows = comparison["models"]
     for row in rows.values():
         row["mfu"] = row["train"]["tokens_per_s"] * row["flops_per_token"] / peak_flops
+        compiled = row.get("train_compiled")
+        row["compile_speedup"] = None if compiled is None else compiled["tokens_per_s"] / row["train"]["tokens_per_s"]
     two_tower = rows[TWO_TOWER]
     comparison["ratios"] = {}
     for name in MODEL_NAMES[1:]:
         baseline = rows[name]
         ratios = {key: two_tower[key] / baseline[key] for key in ("flops_per_token", "mfu")}
-        for workload in ("train", "score", "decode"):
+        for workload in ("train", "train_compiled", "score", "decode"):
             rates = (two_tower[workload], baseline[workload])
             ratios[workload] = None if None in rates else rates[0]["tokens_per_s"] / rates[1]["tokens_per_s"]
         comparison["ratios"][name] = ratios

@@ -91,6 +91,8 @@ def comparison_markdown(comparison: dict) -> str:
             f"{memory(decode and decode['peak_memory_bytes'])} | {rate(score['tokens_per_s'])} | "
             f"{memory(score['peak_memory_bytes'])} |"
         )
+    if comparison.get("compiled_setting"):
+        lines += ["", compiled_markdown(comparison)]
     lines += [
         "",
         f"| {TWO_TOWER} / baseline | FLOPs per token | train tokens/s | MFU | decode tokens/s | scored tokens/s |",
@@ -100,6 +102,28 @@ def comparison_markdown(comparison: dict) -> str:
         lines.append(
             f"| {name} | {ratio(ratios['flops_per_token'])} | {ratio(ratios['train'])} | {ratio(ratios['mfu'])} | "
             f"{ratio(ratios['decode'])} | {ratio(ratios['score'])} |"
+        )
+    return "\n".join(lines)
+
+
+def compiled_markdown(comparison: dict) -> str:
+    """Training tokens/s eager and compiled (timed in the same rounds), and the two-tower model's ratios in both."""
+    rows, ratios = comparison["models"], comparison["ratios"]
+    lines = [
+        f"Training eager ({comparison['setting']}) and compiled ({comparison['compiled_setting']}), timed in the "
+        "same rounds:",
+        "",
+        f"| model | eager tokens/s | compiled tokens/s | compile speedup | {TWO_TOWER} / model, eager "
+        f"| {TWO_TOWER} / model, compiled |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in MODEL_NAMES:
+        row = rows[name]
+        eager, compiled = ("-", "-") if name == TWO_TOWER else (ratios[name]["train"], ratios[name]["train_compiled"])
+        cells = [ratio(value) if value != "-" else "-" for value in (eager, compiled)]
+        lines.append(
+            f"| {name} | {rate(row['train']['tokens_per_s'])} | {rate(row['train_compiled']['tokens_per_s'])} | "
+            f"{ratio(row['compile_speedup'])} | {cells[0]} | {cells[1]} |"
         )
     return "\n".join(lines)
 

@@ -165,6 +165,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)  # [batch, seq, embedding_size]
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)  # one slot per depth: towers are folded into heads
+        given_position_ids = position_ids  # only given positions can restart inside a row (packed sequences)
         if position_ids is None:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
             position_ids = position_ids.unsqueeze(0)
@@ -172,7 +173,7 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
         embeddings, tower_inputs = self.embeddings(inputs_embeds, position_ids, self.embed_tokens)
         # read by position: a hook (an nnsight intervention) may put a plain tuple where the TowerStackOutput was
         tower_states, tower_layer_states, tower_attentions = self.towers(
-            tower_inputs, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+            tower_inputs, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=given_position_ids,
             cache=cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         return TwoTowerModelOutputWithPast(

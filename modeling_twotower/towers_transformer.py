@@ -67,11 +67,14 @@ class TwoTowerTransformerTowers(TowerStack):
     def _attention_mask(self, inputs_embeds, attention_mask, cache, position_ids, output_attentions):
         # Attention weights come from the eager path, which needs the mask SDPA would skip.
         # Packed rows (position_ids restarting inside a row, no attention_mask) attend within each sequence, as in
-        # transformers' own models; an empty cache holds no past, so it does not turn that off.
+        # transformers' own models; an empty cache holds no past, so it does not turn that off. `position_ids` are
+        # the caller's, None when the model numbered the positions (no row is packed): under torch.compile, where
+        # the check for packing cannot run, given positions always build a mask instead of SDPA's causal kernel.
         cache = cache if cache is not None and cache.get_seq_length() > 0 else None
         if self.bidirectional:
-            batch_position_ids = position_ids.expand(inputs_embeds.shape[0], -1)
-            packed = None if attention_mask is not None else find_packed_sequence_indices(batch_position_ids)
+            packed = None
+            if attention_mask is None and position_ids is not None:
+                packed = find_packed_sequence_indices(position_ids.expand(inputs_embeds.shape[0], -1))
             return create_bidirectional_mask(
                 config=self.config,
                 inputs_embeds=inputs_embeds,

@@ -57,3 +57,26 @@ def test_lstm_towers_refuse_packed_rows():
     _, input_ids, position_ids = packed_row()
     with pytest.raises(ValueError, match="restart inside a row"):
         model(input_ids, position_ids=position_ids, use_cache=False)
+
+
+@pytest.mark.parametrize("model_class", [TwoTowerForCausalLM, TwoTowerForMaskedLM], ids=["causal", "masked"])
+def test_compiled_model_checks_for_packing_only_given_positions(model_class):
+    # Under torch.compile the data-dependent check for packed rows cannot run, so a row that may be packed always
+    # gets a materialized mask; positions the model numbers itself cannot restart, and leave attention to SDPA's
+    # causal (or unmasked) kernel. The packing check's cumsum is in the captured graph only for given positions.
+    model = tiny_model(model_class).train()
+    _, input_ids, position_ids = packed_row(lengths=(4, 4))
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(model, backend=capture, fullgraph=True)
+    compiled(input_ids, labels=input_ids)
+    compiled(input_ids, labels=input_ids, position_ids=position_ids)
+
+    def cumsums(graph_module):
+        return sum("cumsum" in str(node.target) for node in graph_module.graph.nodes)
+
+    assert len(graphs) == 2 and cumsums(graphs[0]) == 0 and cumsums(graphs[1]) > 0

@@ -8,7 +8,14 @@ from accelerate.commands.config.config_args import load_config_from_file
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import bench_scoring_ablation, bench_speed, masked_lm_baseline, project_scale, settings_search
+from benchmarks import (
+    bench_scoring_ablation,
+    bench_speed,
+    masked_lm_baseline,
+    profile_step,
+    project_scale,
+    settings_search,
+)
 from benchmarks.baselines import (
     GPT2_EQUAL_FLOPS,
     MODEL_NAMES,
@@ -20,7 +27,7 @@ from benchmarks.baselines import (
     training_flops_per_token,
 )
 from benchmarks.measure import PeakFlops, PeakTensorMemory, time_interleaved
-from benchmarks.report import update_document
+from benchmarks.report import comparison_markdown, update_document
 from benchmarks.settings_search import (
     SearchRow,
     accelerate_config,
@@ -296,7 +303,7 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
     argv += ["--new_tokens", "4", "--warmup", "1", "--repeats", "1", "--num_threads", "1", "--device", "cpu"]
     argv += ["--search", "--quick", "--max_micro_batch", "2", "--search_compile_modes", "none"]
     argv += ["--search_precisions", "fp32", "tf32", "--search_activation_checkpointing", "off"]
-    argv += ["--tower_wide_embedding", "--output", str(output)]
+    argv += ["--tower_wide_embedding", "--output", str(output), "--compiled_twin", "none"]  # compiling takes minutes
     results = bench_speed.main(argv)
 
     comparison = results["sizes"]["tiny"]["comparison"]
@@ -322,6 +329,42 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
     assert text.count("<!-- benchmark:") == text.count("<!-- /benchmark:") == 1  # one section
     assert ":tiny:tower-wide-embedding -->" in text and "embedding and tied decoder 16 wide" in text
     assert "| two-tower |" in capsys.readouterr().out
+
+
+def test_eager_and_compiled_ratios_side_by_side():
+    def measured(tokens_per_s):
+        return {"tokens_per_s": tokens_per_s, "call_s": 1.0, "peak_memory_bytes": None}
+
+    eager = {TWO_TOWER: 100.0, GPT2_EQUAL_FLOPS: 125.0, REFERENCE: 80.0}
+    compiled = {TWO_TOWER: 150.0, GPT2_EQUAL_FLOPS: 120.0, REFERENCE: 100.0}
+    rows = {
+        name: {"parameters": 1e6, "flops_per_token": 1e6, "train": measured(eager[name]), "score": measured(1.0),
+               "decode": None, "train_compiled": measured(compiled[name])}
+        for name in MODEL_NAMES
+    }  # fmt: skip
+    comparison = {"setting": "fp32, sdpa", "compiled_setting": "fp32, sdpa, compile=full", "micro_batch": 2,
+                  "decode_batch": 2, "new_tokens": 1, "prompt_len": 1, "repeats": 1, "rounds": 1, "warmup": 0,
+                  "models": rows}  # fmt: skip
+    bench_speed.add_mfu_and_ratios(comparison, peak_flops=1e9)
+    ratios = comparison["ratios"]
+    assert ratios[GPT2_EQUAL_FLOPS]["train"] == pytest.approx(0.8) and ratios[REFERENCE]["train"] == pytest.approx(1.25)
+    assert ratios[GPT2_EQUAL_FLOPS]["train_compiled"] == pytest.approx(1.25)
+    assert ratios[REFERENCE]["train_compiled"] == pytest.approx(1.5)
+    assert rows[TWO_TOWER]["compile_speedup"] == pytest.approx(1.5)
+    text = comparison_markdown(comparison)
+    assert "| gpt2-equal-flops | 125 | 120 | 0.96x | 0.80x | 1.25x |" in text
+    assert "| reference | 80 | 100 | 1.25x | 1.25x | 1.50x |" in text
+
+
+def test_profile_groups_a_training_step_by_module():
+    config = tiny_two_tower_config(layout="gpt", embedding_size=TINY_SIZES["hidden_size"])
+    args = profile_step.ProfileArguments(micro_batch=2, steps=1, warmup=1)
+    times = profile_step.profile_models(config, "none", args)
+    for name in (TWO_TOWER, GPT2_EQUAL_FLOPS):
+        for group in ("block matmuls", "attention", "layer norms", "vocabulary projection + loss", "optimizer step"):
+            assert times[name][group] > 0, (name, group)
+    assert times[TWO_TOWER]["fusion"] > 0 and times[GPT2_EQUAL_FLOPS]["fusion"] == 0
+    assert "| fusion |" in profile_step.markdown({name: times[name] for name in times})
 
 
 @pytest.mark.parametrize("size, width", [("tiny", 64), ("small", 192), ("base", 384)])

@@ -115,3 +115,26 @@ def test_scored_passages_hold_each_tokens_log_probabilities_from_the_one_pass(ob
             every = model.probe_logprobs(inputs, labels=labels, all_replicas=True).flatten(0, 1)  # [probes, blocks, seq]
             expected[:, :, position] = every[:, :, position].transpose(0, 1)
     np.testing.assert_allclose(np.stack(passages.gold_logprobs), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_scoring_with_the_compiled_parts_equals_eager(monkeypatch):
+    # compile_for_scoring (score --torch_compile) compiles every part a pass runs; dynamo's capture of each, run by
+    # its "eager" backend here (inductor's kernels take minutes to build on the CPU), scores what the model scores
+    from twotower.evaluation.scoring.score import compile_for_scoring
+
+    compiled_parts = []
+    module_compile = torch.nn.Module.compile
+
+    def capture(module, *args, **kwargs):
+        compiled_parts.append(module)
+        module_compile(module, backend="eager")
+
+    monkeypatch.setattr(torch.nn.Module, "compile", capture)
+    eager = score_blocks(tiny_model("causal"), batches(), ablation=True, disable_tqdm=True)
+    model = tiny_model("causal")
+    compile_for_scoring(model)
+    compiled = score_blocks(model, batches(), ablation=True, disable_tqdm=True)
+    assert compiled_parts == [model.model, model.lm_head, model.probes]
+    assert compiled.joint_mean_nll == pytest.approx(eager.joint_mean_nll, rel=1e-6)
+    np.testing.assert_allclose(compiled.probe_mean_nll(), eager.probe_mean_nll(), rtol=1e-6)
+    np.testing.assert_allclose(compiled.ablation.mean_increase_nats(), eager.ablation.mean_increase_nats(), rtol=1e-5)
