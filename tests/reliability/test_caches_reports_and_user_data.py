@@ -16,7 +16,7 @@ import yaml
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM
 from test_probe_feature_cache import corpus, models, probe_config  # noqa: F401 (fixtures of the probe phase)
-from test_wrong_models_and_inputs import assert_one_error_line, command  # noqa: F401 (round two's command fixture)
+from test_wrong_models_and_inputs import assert_one_error_line, command, text_file  # noqa: F401 (round two's fixtures)
 from twotower.evaluation.scoring import score
 from twotower.evaluation.study import driver as study
 from twotower.evaluation.scoring.ablation import MeanAblation
@@ -53,14 +53,6 @@ def test_an_edited_field_is_named_though_another_field_has_the_size(field, edite
 
 
 # 2. a report folder is locked while a report is scored into it
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory, shared_data):
-    path = tmp_path_factory.mktemp("text") / "text.txt"
-    lines = (shared_data / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    path.write_text("".join(lines[:60]), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
