@@ -23,7 +23,7 @@ from transformers import HfArgumentParser
 
 from .baselines import GPT2_EQUAL_FLOPS, TWO_TOWER, build_model
 from .bench_speed import BenchmarkArguments, size_config
-from .workloads import MAX_GRAD_NORM, Setting, prepare_for_training, random_ids
+from .workloads import MAX_GRAD_NORM, Setting, prepare_for_training, random_ids, training_loss_kwargs
 
 GROUPS = (
     "block matmuls", "attention", "layer norms", "fusion", "vocabulary projection + loss", "dropout masks",
@@ -157,9 +157,10 @@ def training_step(name: str, config, mode: str, args: ProfileArguments):
     callable_model = prepare_for_training(model, Setting(compile=mode), torch.device("cpu"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     input_ids = random_ids(config.vocab_size, args.micro_batch, config.max_position_embeddings, torch.device("cpu"))
+    loss_kwargs = training_loss_kwargs(model)
 
     def step():
-        callable_model(input_ids=input_ids, labels=input_ids).loss.backward()
+        callable_model(input_ids=input_ids, labels=input_ids, **loss_kwargs).loss.backward()
         with record_function(OPTIMIZER_RANGE):
             nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
             optimizer.step()

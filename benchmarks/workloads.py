@@ -1,12 +1,15 @@
 """The timed workloads (a training step, cached greedy decoding, scoring) and the settings they run under."""
 
 import contextlib
+import inspect
 import shutil
 from dataclasses import dataclass
 
 import torch
 from accelerate.utils import compile_regions
 from torch import nn
+
+from twotower.training.compilation import draw_random_eagerly_on_cpu
 
 from .baselines import gold_logprobs
 from .measure import peak_memory_bytes, time_interleaved
@@ -81,6 +84,8 @@ def prepare_for_training(model: nn.Module, setting: Setting, device: torch.devic
     model.set_attn_implementation(setting.attn_implementation)
     if setting.activation_checkpointing:
         model.activation_checkpointing_enable()
+    if setting.compile != "none":  # as the training command compiles
+        draw_random_eagerly_on_cpu(device)
     if setting.compile == "full":
         return torch.compile(model)
     if setting.compile == "regional":
@@ -95,6 +100,12 @@ class Measurement:
     peak_memory_bytes: int | None  # None where it cannot be measured (compiled code on the CPU)
 
 
+def training_loss_kwargs(model: nn.Module) -> dict:
+    """What a model's training loop passes beside the labels: the two-tower training command asks for the loss
+    alone (`skip_logits`), the other models have no such option."""
+    return {"skip_logits": True} if "skip_logits" in inspect.signature(model.forward).parameters else {}
+
+
 class TrainingStep:
     """One optimizer step on a fixed micro-batch: forward, backward, clipping, AdamW, as a training loop does."""
 
@@ -107,10 +118,11 @@ class TrainingStep:
         self.tokens = input_ids.numel()
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.scaler = torch.amp.GradScaler(device.type, enabled=setting.precision == "fp16")
+        self.loss_kwargs = training_loss_kwargs(model)
 
     def __call__(self) -> None:
         with precision_context(self.setting, self.device):
-            loss = self.callable_model(input_ids=self.input_ids, labels=self.input_ids).loss
+            loss = self.callable_model(input_ids=self.input_ids, labels=self.input_ids, **self.loss_kwargs).loss
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
         nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)

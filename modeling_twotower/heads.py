@@ -13,6 +13,7 @@ from transformers.loss.loss_utils import fixed_cross_entropy
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, concat_towers, split_towers
 from .configuration_twotower import TwoTowerConfig
+from .linear_cross_entropy import linear_cross_entropy
 
 
 def keep_positions(states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
@@ -47,14 +48,22 @@ class TwoTowerFusionHead(nn.Module):
         target_ids: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        skip_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """
         Logits [batch, kept positions, vocab] from fused_hidden_states [batch, seq, towers * hidden], and with
         `target_ids` (the label each position predicts, -100 for none) the token-mean cross-entropy, or its sum
-        divided by `num_items_in_batch`.
+        divided by `num_items_in_batch`. `skip_logits` (with `target_ids`): the loss alone, from the decoder's
+        input by `linear_cross_entropy`, and no logits (None): a training step's fastest path.
         """
         fused_hidden_states = keep_positions(fused_hidden_states, logits_to_keep)
-        logits = self.decoder(self.norm(self.act_fn(self.dense(fused_hidden_states))))
+        decoder_inputs = self.norm(self.act_fn(self.dense(fused_hidden_states)))
+        if skip_logits:
+            loss = linear_cross_entropy(
+                decoder_inputs, self.decoder.weight, self.decoder.bias, target_ids, num_items_in_batch
+            )
+            return None, loss
+        logits = self.decoder(decoder_inputs)
         loss = None
         if target_ids is not None:  # in float32, as transformers' own LM losses
             loss = fixed_cross_entropy(
@@ -104,7 +113,8 @@ class TwoTowerIndependentHeads(nn.Module):
         target_ids: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        skip_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """As `TwoTowerFusionHead.forward`; the loss is the sum over towers of each tower's own loss."""
         # One vocabulary projection serves the loss (every position) and the mixture logits (the kept ones).
         if target_ids is None:
@@ -113,6 +123,8 @@ class TwoTowerIndependentHeads(nn.Module):
         loss = None
         if target_ids is not None:
             loss = self.loss(tower_logprobs, target_ids, num_items_in_batch)
+            if skip_logits:
+                return None, loss
             tower_logprobs = keep_positions(tower_logprobs, logits_to_keep)
         return self.mixture(tower_logprobs), loss
 

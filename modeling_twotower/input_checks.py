@@ -125,6 +125,12 @@ def check_label_values(labels: torch.LongTensor, vocab_size: int):
         )
 
 
+def check_skip_logits(skip_logits: bool, labels: torch.LongTensor | None) -> None:
+    """`skip_logits` asks for the loss alone, which needs labels."""
+    if skip_logits and labels is None:
+        raise ValueError("`skip_logits=True` returns the loss alone, computed from `labels`: pass `labels` too.")
+
+
 def warn_if_no_target(target_ids: torch.LongTensor, num_items_in_batch=None):
     """
     The loss is a mean over the targets (`target_ids` not -100), or their sum divided by `num_items_in_batch`: with
@@ -177,5 +183,6 @@ __all__ = [
     "check_labels",
     "check_position_ids",
     "check_probe_features",
+    "check_skip_logits",
     "warn_if_no_target",
 ]

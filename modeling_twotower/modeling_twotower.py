@@ -29,7 +29,7 @@ from .configuration_twotower import TwoTowerConfig
 from .embeddings import tower_embeddings
 from .fusion import tower_fusion
 from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
-from .input_checks import check_label_values, check_labels, check_inputs, warn_if_no_target
+from .input_checks import check_label_values, check_labels, check_inputs, check_skip_logits, warn_if_no_target
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
 from .token_scoring import TwoTowerTokenScoring
@@ -298,6 +298,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         output_tower_hidden_states: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool = False,
         **kwargs,
     ) -> TwoTowerCausalLMOutputWithPast:
         r"""
@@ -306,6 +307,11 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
             `num_items_in_batch` the loss is the sum over tokens divided by it (gradient accumulation).
         output_tower_hidden_states (`bool`, *optional*):
             Also return each tower's final hidden states, [num_towers, batch, seq, hidden].
+        skip_logits (`bool`, *optional*, defaults to `False`):
+            With `labels`: return the loss and no logits (`logits` is None). The loss is computed piece by piece
+            from the decoder's input (Liger Kernel's fused linear cross-entropy), so the [batch, seq, vocab]
+            logits never exist: the training command's step, faster and lighter; equal to the default loss to
+            float tolerance.
 
         Example:
 
@@ -320,6 +326,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         ```
         """
         check_labels(self.config, input_ids, inputs_embeds, labels)
+        check_skip_logits(skip_logits, labels)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -336,7 +343,7 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         if target_ids is not None:
             warn_if_no_target(target_ids, kwargs.get("num_items_in_batch"))
         logits, loss = self.lm_head(
-            outputs.last_hidden_state, target_ids, logits_to_keep, kwargs.get("num_items_in_batch")
+            outputs.last_hidden_state, target_ids, logits_to_keep, kwargs.get("num_items_in_batch"), skip_logits
         )
         return lm_output(outputs, logits, loss)
 
@@ -415,6 +422,7 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_tower_hidden_states: bool = False,
+        skip_logits: bool = False,
         **kwargs,
     ) -> TwoTowerCausalLMOutputWithPast:
         r"""
@@ -423,8 +431,11 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             `DataCollatorForLanguageModeling` makes them); with `num_items_in_batch` the loss is a sum over
             tokens divided by it. With `config.sparse_prediction` the logits are those of the labelled positions
             only, `[labelled positions, vocab]` in row-major order, and the loss is unchanged.
+        skip_logits (`bool`, *optional*, defaults to `False`):
+            With `labels`: the loss alone, as in `TwoTowerForCausalLM.forward`.
         """
         check_labels(self.config, input_ids, inputs_embeds, labels)
+        check_skip_logits(skip_logits, labels)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -444,8 +455,8 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             # runs on the labelled positions only (15% of them in BERT-style masking); the loss is the same
             labelled = labels != -100
             hidden_states, labels = hidden_states[labelled].unsqueeze(0), labels[labelled].unsqueeze(0)
-        logits, loss = self.lm_head(hidden_states, labels, 0, kwargs.get("num_items_in_batch"))
-        if self.config.sparse_prediction and labels is not None:
+        logits, loss = self.lm_head(hidden_states, labels, 0, kwargs.get("num_items_in_batch"), skip_logits)
+        if self.config.sparse_prediction and logits is not None and labels is not None:
             logits = logits[0]  # [labelled positions, vocab]
         return lm_output(outputs, logits, loss)
 

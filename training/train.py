@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 from .arguments import TwoTowerTrainingConfig, load_config
 from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
+from .compilation import draw_random_eagerly_on_cpu
 from .utils.collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping
 from .hub import check_hub_token, push_to_hub
@@ -281,6 +282,8 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
         dynamo_backend="inductor" if config.torch_compile else None,
     )
     check_launch(accelerator)
+    if config.torch_compile:
+        draw_random_eagerly_on_cpu(accelerator.device)
     quiet_inapplicable_notices(accelerator)
     phase.check_accelerator(accelerator)
     accelerator.print(f"{accelerator.num_processes} process(es), {accelerator.distributed_type}, mixed precision "

@@ -409,9 +409,10 @@ def test_greedy_generation_with_cache_equals_without_cache(layout):
     without_cache = model.generate(input_ids, max_new_tokens=8, do_sample=False, use_cache=False)
     assert with_cache.shape == (BATCH, 13)
     assert torch.equal(with_cache, without_cache)
-    # legacy keyword still reaches the cache until transformers 5.40
+    # legacy keyword still reaches the cache until transformers 5.40, with transformers' deprecation warning
     cached = model(input_ids, use_cache=True)
-    step = model(with_cache[:, 5:6], past_key_values=cached.cache)
+    with pytest.warns(FutureWarning, match="`past_key_values` is deprecated"):
+        step = model(with_cache[:, 5:6], past_key_values=cached.cache)
     torch.testing.assert_close(step.logits[:, -1], model(with_cache[:, :6]).logits[:, -1], rtol=1e-5, atol=1e-5)
 
 

@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import (
+    bench_linear_cross_entropy,
     bench_scoring_ablation,
     bench_speed,
     masked_lm_baseline,
@@ -432,3 +433,13 @@ def test_the_ablation_benchmark_times_both_scoring_passes(capsys):
     assert result["with"] > 0 and result["without"] > 0
     assert result["ratio"] == pytest.approx(result["with"] / result["without"])
     assert "with it:" in capsys.readouterr().out
+
+
+def test_the_loss_without_logits_benchmark_times_both_and_holds_less_memory(capsys):
+    result = bench_linear_cross_entropy.main(["--tokens", "256", "--hidden_size", "16", "--vocab_size", "512",
+                                              "--repeats", "2", "--rounds", "1"])  # fmt: skip
+    (with_ms, with_peak), (without_ms, without_peak) = result["with_logits"], result["without_logits"]
+    assert with_ms > 0 and without_ms > 0 and result["ratio"] == pytest.approx(with_ms / without_ms)
+    logits_bytes = 256 * 512 * 4
+    assert with_peak - without_peak > logits_bytes  # the [tokens, vocab] logits (and their gradient) never exist
+    assert "faster" in capsys.readouterr().out

@@ -84,8 +84,11 @@ class PretrainPhase(TrainingPhase):
         return trained, lr_scheduler
 
     def loss_function(self, trained: nn.Module):
-        """`loss(batch, num_items_in_batch)`: the summed token loss divided by the window's token count."""
-        return lambda batch, num_items: trained(**batch, num_items_in_batch=num_items).loss
+        """
+        `loss(batch, num_items_in_batch)`: the summed token loss divided by the window's token count, computed
+        without the logits (`skip_logits`), which a training step does not read.
+        """
+        return lambda batch, num_items: trained(**batch, num_items_in_batch=num_items, skip_logits=True).loss
 
     # The loop
     def epoch_windows(self, run, epoch: int, units_to_skip: int):

@@ -1,0 +1,66 @@
+"""Benchmark: the decoder and its cross-entropy, forward and backward, with logits against without (`skip_logits`).
+
+Times the vocabulary projection plus loss of a training step as transformers' LM heads compute it (`nn.Linear`, then
+`fixed_cross_entropy` over the [tokens, vocab] logits) and as `linear_cross_entropy` does (pieces of rows, gradients
+with the loss), interleaved in rounds, and prints each one's milliseconds, their ratio and each one's peak memory.
+
+    python -m benchmarks.bench_linear_cross_entropy --num_threads 1    # the speed benchmark's size: 16 x 128 tokens
+"""
+
+import argparse
+
+import torch
+from torch.nn import functional as F
+from transformers.loss.loss_utils import fixed_cross_entropy
+
+from benchmarks.measure import peak_memory_bytes, time_interleaved
+from modeling_twotower.linear_cross_entropy import linear_cross_entropy
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=16 * 128, help="positions per step (micro-batch x sequence)")
+    parser.add_argument("--hidden_size", type=int, default=128, help="the decoder's input width")
+    parser.add_argument("--vocab_size", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=6, help="timed calls of each, spread over --rounds")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--num_threads", type=int, default=None, help="torch threads (default: torch's)")
+    return parser.parse_args(argv)
+
+
+def run(args) -> dict:
+    """{"with_logits", "without_logits"}: (ms per forward + backward, peak bytes), and "ratio" of their times."""
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(args.tokens, args.hidden_size, generator=generator, requires_grad=True)
+    decoder = torch.nn.Linear(args.hidden_size, args.vocab_size)
+    targets = torch.randint(0, args.vocab_size, (args.tokens,), generator=generator)
+    steps = {
+        "with_logits": lambda: fixed_cross_entropy(F.linear(hidden, decoder.weight, decoder.bias), targets),
+        "without_logits": lambda: linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets),
+    }
+    calls = {name: (lambda loss=loss: loss().backward()) for name, loss in steps.items()}
+    timings = time_interleaved(calls, torch.device("cpu"), warmup=1, repeats=args.repeats, rounds=args.rounds)
+    live = [hidden, hidden.grad, *decoder.parameters(), decoder.weight.grad, decoder.bias.grad, targets]  # after warm-up
+    result = {
+        name: (1000 * timings[name].median_s, peak_memory_bytes(call, torch.device("cpu"), live))
+        for name, call in calls.items()
+    }
+    return result | {"ratio": result["with_logits"][0] / result["without_logits"][0]}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    result = run(args)
+    print(f"decoder + cross-entropy, forward and backward: {args.tokens} positions, width {args.hidden_size}, "
+          f"vocabulary {args.vocab_size}, {torch.get_num_threads()} threads:")
+    for name in ("with_logits", "without_logits"):
+        ms, peak = result[name]
+        print(f"  {name:15s} {ms:8.1f} ms   peak memory {peak / 2**20:6.1f} MiB (inputs, weights, gradients included)")
+    print(f"  without logits: {result['ratio']:.2f}x faster")
+    return result
+
+
+if __name__ == "__main__":
+    main()

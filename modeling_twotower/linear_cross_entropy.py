@@ -1,0 +1,115 @@
+"""
+The decoder's cross-entropy without the [tokens, vocabulary] logits: the vocabulary projection and its loss in
+pieces of rows, each piece's gradients computed as its loss is (the fused linear cross-entropy of Liger Kernel,
+in plain PyTorch ops). A training step then never holds the logits, the largest activation of a small model, and
+each piece's softmax runs while the piece is still in cache.
+"""
+
+import math
+
+import torch
+
+
+def piece_rows(num_tokens: int, hidden_size: int, vocab_size: int) -> int:
+    # Liger Kernel's rule: a piece of logits about as large as the hidden states, so memory stays at their size
+    return max(1, 2 ** math.ceil(math.log2(max(1, num_tokens * hidden_size // vocab_size))))
+
+
+def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
+    # the matmuls run in autocast's dtype where autocast is on, as nn.Linear's would
+    device_type = hidden_states.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return hidden_states.dtype
+
+
+def _piece_loss_and_logit_grad(hidden, weight, bias, targets, scale, with_grad: bool):
+    """One piece's summed token loss and, `with_grad`, d(loss * scale)/d(logits) [rows, vocab], at least float32."""
+    logits = torch.addmm(bias, hidden, weight.t())
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision upcast, as the LM losses
+    counted = targets.ne(-100)
+    gold_ids = targets.masked_fill(~counted, 0).unsqueeze(-1)
+    log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)
+    gold_logits = logits.gather(-1, gold_ids)
+    loss = ((log_normalizer - gold_logits).squeeze(-1) * counted).sum()
+    if not with_grad:
+        return loss, None
+    logit_grad = logits.sub_(log_normalizer).exp_()  # softmax, in the logits' memory
+    logit_grad.scatter_add_(-1, gold_ids, torch.full_like(gold_logits, -1.0))
+    return loss, logit_grad.mul_((counted * scale).unsqueeze(-1))
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """`linear_cross_entropy` under autograd: forward returns the loss and keeps its gradients for backward."""
+
+    @staticmethod
+    def forward(ctx, hidden_states, weight, bias, target_ids, num_items, rows):
+        dtype = _compute_dtype(hidden_states)
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            hidden, weight_c, bias_c = hidden_states.to(dtype), weight.to(dtype), bias.to(dtype)
+            accumulated = torch.promote_types(dtype, torch.float32)
+            scale = 1.0 / torch.as_tensor(num_items, dtype=accumulated, device=hidden.device)
+            hidden_grad = torch.empty_like(hidden_states)
+            weight_grad = torch.zeros_like(weight, dtype=accumulated) if ctx.needs_input_grad[1] else None
+            bias_grad = torch.zeros_like(bias, dtype=accumulated) if ctx.needs_input_grad[2] else None
+            loss = hidden_states.new_zeros((), dtype=accumulated)
+            for start in range(0, hidden.shape[0], rows):
+                piece = slice(start, start + rows)
+                piece_loss, logit_grad = _piece_loss_and_logit_grad(
+                    hidden[piece], weight_c, bias_c, target_ids[piece], scale, with_grad=True
+                )
+                loss += piece_loss
+                logit_grad_c = logit_grad.to(dtype)
+                hidden_grad[piece] = logit_grad_c @ weight_c
+                if weight_grad is not None:
+                    weight_grad += logit_grad_c.t() @ hidden[piece]
+                if bias_grad is not None:
+                    bias_grad += logit_grad.sum(0)
+        ctx.save_for_backward(
+            hidden_grad,
+            None if weight_grad is None else weight_grad.to(weight.dtype),
+            None if bias_grad is None else bias_grad.to(bias.dtype),
+        )
+        return loss * scale
+
+    @staticmethod
+    def backward(ctx, loss_grad):
+        return tuple(None if grad is None else grad * loss_grad for grad in ctx.saved_tensors) + (None, None, None)
+
+
+def linear_cross_entropy(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    target_ids: torch.LongTensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+) -> torch.Tensor:
+    """
+    `fixed_cross_entropy(hidden_states @ weight.T + bias, target_ids, num_items_in_batch)` (transformers' LM loss:
+    the token mean over targets that are not -100, or their sum divided by `num_items_in_batch`) to float
+    tolerance, computed in pieces of rows so that the [tokens, vocab] logits never exist at once. Under autograd
+    each piece's gradients are computed in the forward pass (3 matmuls a piece, as an unfused backward) and
+    backward only scales them.
+
+    hidden_states: [tokens, hidden]; weight: [vocab, hidden]; bias: [vocab]; target_ids: [tokens].
+    """
+    hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
+    target_ids = target_ids.reshape(-1)
+    num_items = target_ids.ne(-100).sum() if num_items_in_batch is None else num_items_in_batch
+    rows = piece_rows(hidden_states.shape[0], hidden_states.shape[1], weight.shape[0])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, weight, bias)):
+        return LinearCrossEntropy.apply(hidden_states, weight, bias, target_ids, num_items, rows)
+    dtype = _compute_dtype(hidden_states)
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        weight, bias = weight.to(dtype), bias.to(dtype)
+        loss = sum(
+            _piece_loss_and_logit_grad(
+                hidden_states[start : start + rows].to(dtype), weight, bias, target_ids[start : start + rows], 1.0,
+                with_grad=False,
+            )[0]
+            for start in range(0, hidden_states.shape[0], rows)
+        )
+    return loss / num_items
+
+
+__all__ = ["linear_cross_entropy"]

@@ -1,0 +1,112 @@
+"""The loss without logits (`linear_cross_entropy`, `skip_logits=True`): equal to the logits' loss and gradients."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+from transformers.loss.loss_utils import fixed_cross_entropy
+
+from conftest import tiny_two_tower
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower.linear_cross_entropy import linear_cross_entropy, piece_rows
+
+TOKENS, HIDDEN, VOCAB = 50, 8, 64  # piece_rows(50, 8, 64) = 8: seven pieces, the last one short
+
+
+def float32_problem():
+    hidden, weight, bias, targets = decoder_problem()
+    return hidden.detach().float(), weight.detach().float(), bias.detach().float(), targets
+
+
+def decoder_problem(dtype=torch.float64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(TOKENS, HIDDEN, generator=generator, dtype=dtype, requires_grad=True)
+    weight = torch.randn(VOCAB, HIDDEN, generator=generator, dtype=dtype, requires_grad=True)
+    bias = torch.randn(VOCAB, generator=generator, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+    targets[::4] = -100
+    return hidden, weight, bias, targets
+
+
+def loss_and_grads(loss_fn, hidden, weight, bias):
+    loss = loss_fn()
+    return [loss.detach(), *torch.autograd.grad(loss, (hidden, weight, bias))]
+
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 100], ids=["token_mean", "sum_over_num_items"])
+def test_loss_and_gradients_equal_the_logits_loss(num_items_in_batch):
+    hidden, weight, bias, targets = decoder_problem()
+    assert piece_rows(TOKENS, HIDDEN, VOCAB) == 8
+
+    def from_logits():  # transformers' LM loss (it computes in float32, so the reference here is F.cross_entropy)
+        return F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum") / (
+            (targets != -100).sum() if num_items_in_batch is None else num_items_in_batch
+        )
+
+    expected = loss_and_grads(from_logits, hidden, weight, bias)
+    actual = loss_and_grads(
+        lambda: linear_cross_entropy(hidden, weight, bias, targets, num_items_in_batch), hidden, weight, bias
+    )
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert actual[1][::4].abs().max() == 0  # ignored targets send no gradient to their hidden states
+    with torch.no_grad():  # the loss alone, no gradient work
+        torch.testing.assert_close(
+            linear_cross_entropy(hidden, weight, bias, targets, num_items_in_batch), expected[0], rtol=1e-12, atol=0
+        )
+
+
+def test_float32_equals_transformers_loss_to_float_tolerance_and_a_frozen_decoder_gets_no_gradient():
+    hidden, weight, bias, targets = float32_problem()
+    hidden.requires_grad_(True)
+    loss = linear_cross_entropy(hidden, weight, bias, targets)
+    expected = fixed_cross_entropy(F.linear(hidden, weight, bias), targets)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    assert hidden.grad is not None and weight.grad is None and bias.grad is None
+
+
+def test_autocast_computes_in_its_dtype_like_the_logits_loss():
+    hidden, weight, bias, targets = float32_problem()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = fixed_cross_entropy(F.linear(hidden, weight, bias), targets)
+        loss = linear_cross_entropy(hidden, weight, bias, targets)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-3, atol=1e-3)
+    assert (loss - fixed_cross_entropy(F.linear(hidden, weight, bias), targets)).abs() > 1e-5  # bf16 matmuls ran
+
+
+@pytest.mark.parametrize(
+    "model_class, config",
+    [
+        (TwoTowerForCausalLM, {}),
+        (TwoTowerForCausalLM, {"cooperative": False}),
+        (TwoTowerForMaskedLM, {}),
+        (TwoTowerForMaskedLM, {"sparse_prediction": True}),
+    ],
+    ids=["causal", "causal_control", "masked", "masked_sparse"],
+)
+def test_skip_logits_gives_the_models_loss_and_gradients_without_logits(model_class, config):
+    model = tiny_two_tower(model_class, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0, **config)
+    generator = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(0, VOCAB, (3, 11), generator=generator)
+    labels = input_ids.masked_fill(torch.rand(3, 11, generator=generator) > 0.6, -100)
+    results = []
+    for skip_logits in (False, True):
+        model.zero_grad()
+        output = model(input_ids, labels=labels, num_items_in_batch=torch.tensor(20), skip_logits=skip_logits)
+        output.loss.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results.append((output, grads))
+    (full, full_grads), (skipped, skipped_grads) = results
+    assert full.logits is not None and skipped.logits is None
+    torch.testing.assert_close(skipped.loss, full.loss, rtol=1e-6, atol=1e-6)
+    assert skipped_grads.keys() == full_grads.keys()
+    scale = max(grad.abs().max() for grad in full_grads.values())
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(skipped_grads[name], grad, rtol=1e-5, atol=1e-6 * scale, msg=name)
+
+
+def test_skip_logits_without_labels_is_refused():
+    model = tiny_two_tower(TwoTowerForCausalLM, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="pass `labels` too"):
+        model(torch.tensor([[1, 2, 3]]), skip_logits=True)
