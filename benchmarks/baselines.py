@@ -14,6 +14,7 @@ TWO_TOWER = "two-tower"
 GPT2_EQUAL_FLOPS = "gpt2-equal-flops"
 REFERENCE = "reference"
 MODEL_NAMES = (TWO_TOWER, GPT2_EQUAL_FLOPS, REFERENCE)
+TWO_TOWER_SSM = "two-tower-ssm"  # the optional row: the same model with state-space towers (tower_type ssm)
 
 
 def gpt2_config(config: TwoTowerConfig, num_layers: int) -> GPT2Config:
@@ -108,9 +109,19 @@ class ReferenceTwoTowerGPT2(nn.Module):
         return torch.stack(gold_logprobs)
 
 
+def ssm_config(config: TwoTowerConfig) -> TwoTowerConfig:
+    """`config` with state-space towers: MambaMixer blocks of `intermediate_size` channels instead of attention + MLP."""
+    return TwoTowerConfig.from_dict({**config.to_dict(), "tower_type": "ssm"})
+
+
 def build_model(name: str, config: TwoTowerConfig, seed: int = 0) -> nn.Module:
-    """One of MODEL_NAMES at `config`'s sizes, with weights drawn from `seed`."""
-    builders = {TWO_TOWER: TwoTowerForCausalLM, GPT2_EQUAL_FLOPS: equal_flops_gpt2, REFERENCE: ReferenceTwoTowerGPT2}
+    """One of MODEL_NAMES or TWO_TOWER_SSM at `config`'s sizes, with weights drawn from `seed`."""
+    builders = {
+        TWO_TOWER: TwoTowerForCausalLM,
+        GPT2_EQUAL_FLOPS: equal_flops_gpt2,
+        REFERENCE: ReferenceTwoTowerGPT2,
+        TWO_TOWER_SSM: lambda config: TwoTowerForCausalLM(ssm_config(config)),
+    }
     if name not in builders:
         raise ValueError(f"Unknown model {name!r}; choose one of {list(builders)}.")
     torch.manual_seed(seed)
@@ -132,6 +143,8 @@ def training_flops_per_token(name: str, config: TwoTowerConfig, seq_len: int) ->
     """
     if name == TWO_TOWER:
         return two_tower_flops_per_token(config, seq_len, "pretrain")
+    if name == TWO_TOWER_SSM:
+        return two_tower_flops_per_token(ssm_config(config), seq_len, "pretrain")
     hidden, layers = config.hidden_size, config.num_towers * config.num_hidden_layers
     stack = layers * (4 * hidden * hidden + 2 * hidden * config.intermediate_size)
     head = config.vocab_size * hidden

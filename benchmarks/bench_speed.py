@@ -25,7 +25,15 @@ from transformers import HfArgumentParser
 from modeling_twotower import TwoTowerConfig
 from twotower.training.arguments import RECIPES_DIR, TwoTowerTrainingConfig, read_recipe
 
-from .baselines import MODEL_NAMES, REFERENCE, TWO_TOWER, build_model, num_parameters, training_flops_per_token
+from .baselines import (
+    MODEL_NAMES,
+    REFERENCE,
+    TWO_TOWER,
+    TWO_TOWER_SSM,
+    build_model,
+    num_parameters,
+    training_flops_per_token,
+)
 from .measure import PeakFlops, machine_info, release_memory
 from .report import comparison_markdown, config_line, machine_line, search_markdown, update_document
 from .settings_search import best_combination, candidate_settings, one_at_a_time, search_fastest_setting
@@ -83,6 +91,8 @@ class BenchmarkArguments:
     compiled_twin: str = "full"  # with compile=none, training is also timed compiled this way (full | regional) in
     # the same rounds, for eager and compiled ratios side by side; none times it eager only
     activation_checkpointing: bool = False
+    ssm_row: bool = False  # also time the model with state-space towers (tower_type ssm, the same sizes): training
+    # eager and scoring (not compiled: its scan is a Python loop over positions; no decoding: it has no state cache)
 
     # timing and hardware
     warmup: int = 1  # untimed calls before each block of timed calls of one workload
@@ -171,29 +181,33 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     timing = dict(device=device, warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, each_round=each_round)
 
     print("  training", flush=True)
-    models = {name: build_model(name, config) for name in MODEL_NAMES}
+    names = MODEL_NAMES + ((TWO_TOWER_SSM,) if args.ssm_row else ())
+    models = {name: build_model(name, config) for name in names}
     rows = {name: {"parameters": num_parameters(model)} for name, model in models.items()}
     steps = {name: TrainingStep(model, setting, device, input_ids) for name, model in models.items()}
     twin = compiled_twin_setting(setting, args)
     if twin is not None:  # each model also compiled, a fresh copy with the same weights, timed in the same rounds
-        for name in models:
+        for name in MODEL_NAMES:
             steps[f"{name} {COMPILED}"] = TrainingStep(build_model(name, config), twin, device, input_ids)
     train = measure(steps, **timing)
     del steps
     # fresh models for inference: no checkpointing, compilation or optimizer state left over
-    models = {name: build_model(name, config) for name in MODEL_NAMES}
+    models = {name: build_model(name, config) for name in names}
     release_memory(device)
     print("  scoring", flush=True)
     score = measure({name: Scoring(model, setting, input_ids) for name, model in models.items()}, **timing)
     print("  decoding (the reference code has no cached generation)", flush=True)
     decoding = {
-        name: Decoding(model, setting, prompt_ids, new_tokens) for name, model in models.items() if name != REFERENCE
+        name: Decoding(model, setting, prompt_ids, new_tokens)
+        for name, model in models.items()
+        if name not in (REFERENCE, TWO_TOWER_SSM)
     }
     decode = measure(decoding, **timing)
     for name, row in rows.items():
         row["flops_per_token"] = training_flops_per_token(name, config, seq_len)
         row.update(train=asdict(train[name]), score=asdict(score[name]))
-        row["train_compiled"] = asdict(train[f"{name} {COMPILED}"]) if twin is not None else None
+        compiled = train.get(f"{name} {COMPILED}")
+        row["train_compiled"] = None if compiled is None else asdict(compiled)
         row["decode"] = asdict(decode[name]) if name in decode else None
     del models, decoding
     release_memory(device)
@@ -227,7 +241,7 @@ def add_mfu_and_ratios(comparison: dict, peak_flops: float) -> None:
         row["compile_speedup"] = None if compiled is None else compiled["tokens_per_s"] / row["train"]["tokens_per_s"]
     two_tower = rows[TWO_TOWER]
     comparison["ratios"] = {}
-    for name in MODEL_NAMES[1:]:
+    for name in [name for name in rows if name != TWO_TOWER]:
         baseline = rows[name]
         ratios = {key: two_tower[key] / baseline[key] for key in ("flops_per_token", "mfu")}
         for workload in ("train", "train_compiled", "score", "decode"):

@@ -8,7 +8,7 @@ import yaml
 
 from twotower.training.utils.atomic import write_text_atomically
 
-from .baselines import MODEL_NAMES, TWO_TOWER
+from .baselines import TWO_TOWER
 from .measure import is_under_load
 from .settings_search import SearchRow, accelerate_config, fastest, launch_notes, training_arguments
 
@@ -81,8 +81,7 @@ def comparison_markdown(comparison: dict) -> str:
         "| decode tokens/s | decode peak memory | scored tokens/s | scoring peak memory |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in MODEL_NAMES:
-        row = rows[name]
+    for name, row in rows.items():
         train, decode, score = (row[workload] for workload in WORKLOADS)
         lines.append(
             f"| {name} | {row['parameters'] / 1e6:.2f} M | {row['flops_per_token'] / 1e9:.3g} | "
@@ -117,12 +116,12 @@ def compiled_markdown(comparison: dict) -> str:
         f"| {TWO_TOWER} / model, compiled |",
         "|---|---|---|---|---|---|",
     ]
-    for name in MODEL_NAMES:
-        row = rows[name]
+    for name, row in rows.items():
         eager, compiled = ("-", "-") if name == TWO_TOWER else (ratios[name]["train"], ratios[name]["train_compiled"])
         cells = [ratio(value) if value != "-" else "-" for value in (eager, compiled)]
+        compiled_rate = row["train_compiled"] and row["train_compiled"]["tokens_per_s"]
         lines.append(
-            f"| {name} | {rate(row['train']['tokens_per_s'])} | {rate(row['train_compiled']['tokens_per_s'])} | "
+            f"| {name} | {rate(row['train']['tokens_per_s'])} | {rate(compiled_rate)} | "
             f"{ratio(row['compile_speedup'])} | {cells[0]} | {cells[1]} |"
         )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ from transformers.activations import ACT2FN
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear
 from .configuration_twotower import TwoTowerConfig
+from .linear_cross_entropy import linear_cross_entropy
 
 # Budget for one chunk of probe logits, [towers, positions, vocab] in float32 (256 MiB).
 PROBE_LOGITS_CHUNK_BYTES = 256 * 2**20
@@ -129,6 +130,22 @@ class TwoTowerProbes(nn.Module):
             else:
                 chunks.append(self._gold_logprobs(*args))
         return torch.cat(chunks, dim=1)
+
+    def summed_loss(self, features: torch.Tensor, targets: torch.LongTensor, num_items) -> torch.Tensor:
+        """
+        The probe phase's loss: over probes, each probe's summed NLL of `targets` divided by `num_items`, from
+        features [towers or probes, n, hidden] and targets [n] or [probes, n]. Equal to
+        `-score_positions(features, targets).sum() / num_items` to float tolerance, without the logits: each
+        probe's decoder and loss run by `linear_cross_entropy`, gradients with the loss.
+        """
+        transformed = self.transform(self.per_probe(features))
+        targets = targets.expand(self.num_probes, -1)
+        weight, bias = self.decoder.weight, self.decoder.bias  # [probes, hidden, vocab], [probes, vocab]
+        losses = [
+            linear_cross_entropy(transformed[probe], weight[probe].t(), bias[probe], targets[probe], num_items)
+            for probe in range(self.num_probes)
+        ]
+        return torch.stack(losses).sum()
 
     def _gold_logprobs(self, transformed: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
         # [probes, chunk, hidden] -> [probes, chunk, vocab] -> [probes, chunk]; one fused log-softmax kernel

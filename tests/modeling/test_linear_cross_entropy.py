@@ -110,3 +110,27 @@ def test_skip_logits_without_labels_is_refused():
     model = tiny_two_tower(TwoTowerForCausalLM, vocab_size=VOCAB)
     with pytest.raises(ValueError, match="pass `labels` too"):
         model(torch.tensor([[1, 2, 3]]), skip_logits=True)
+
+
+@pytest.mark.parametrize("probe_type", ["mlp", "linear"])
+@pytest.mark.parametrize("per_probe_targets", [False, True], ids=["shared_targets", "per_probe_targets"])
+def test_probe_loss_without_logits_equals_the_log_probability_loss(probe_type, per_probe_targets):
+    model = tiny_two_tower(TwoTowerForCausalLM, vocab_size=VOCAB, probe_replicas=2, probe_type=probe_type)
+    probes = model.probes
+    generator = torch.Generator().manual_seed(4)
+    features = torch.randn(probes.num_towers, 40, model.config.hidden_size, generator=generator)
+    shape = (probes.num_probes, 40) if per_probe_targets else (40,)
+    targets = torch.randint(0, VOCAB, shape, generator=generator)
+    results = []
+    for loss_fn in (
+        lambda: -probes.score_positions(features, targets).sum() / 37,
+        lambda: probes.summed_loss(features, targets, 37),
+    ):
+        probes.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad.clone() for name, p in probes.named_parameters()}))
+    (expected, expected_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)

@@ -22,6 +22,7 @@ from benchmarks.baselines import (
     MODEL_NAMES,
     REFERENCE,
     TWO_TOWER,
+    TWO_TOWER_SSM,
     build_model,
     gold_logprobs,
     num_parameters,
@@ -355,6 +356,22 @@ def test_eager_and_compiled_ratios_side_by_side():
     text = comparison_markdown(comparison)
     assert "| gpt2-equal-flops | 125 | 120 | 0.96x | 0.80x | 1.25x |" in text
     assert "| reference | 80 | 100 | 1.25x | 1.25x | 1.50x |" in text
+
+
+def test_the_state_space_towers_get_their_row_eager_without_decoding(capsys):
+    argv = ["--sizes", "tiny", "--vocab_size", "97", "--hidden_size", "16", "--num_hidden_layers", "1"]
+    argv += ["--num_attention_heads", "2", "--intermediate_size", "24", "--seq_len", "12", "--micro_batch", "2"]
+    argv += ["--new_tokens", "4", "--warmup", "0", "--repeats", "1", "--num_threads", "1", "--device", "cpu"]
+    argv += ["--compiled_twin", "none", "--ssm_row"]
+    comparison = bench_speed.main(argv)["sizes"]["tiny"]["comparison"]
+    ssm = comparison["models"][TWO_TOWER_SSM]
+    assert ssm["train"]["tokens_per_s"] > 0 and ssm["score"]["tokens_per_s"] > 0 and ssm["decode"] is None
+    assert ssm["parameters"] == num_parameters(build_model(TWO_TOWER_SSM, bench_speed.size_config(
+        "tiny", bench_speed.BenchmarkArguments(vocab_size=97, hidden_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=24, seq_len=12))))  # fmt: skip
+    two_tower = comparison["models"][TWO_TOWER]["train"]["tokens_per_s"]
+    assert comparison["ratios"][TWO_TOWER_SSM]["train"] == pytest.approx(two_tower / ssm["train"]["tokens_per_s"])
+    assert "| two-tower-ssm |" in capsys.readouterr().out
 
 
 def test_profile_groups_a_training_step_by_module():

@@ -28,9 +28,10 @@ from .replica_sampling import batch_positions, replica_orders, step_positions, s
 class ProbesOnPositions(nn.Module):
     """
     The model's probes behind a forward that scores given positions (`TwoTowerProbes.score_positions`): features
-    [towers or probes, n, hidden] and targets [n] or [probes, n] -> gold log-probabilities [probes, n]. It is what
-    the optimizer trains in the probe phase, so that DDP wraps the call whose gradients it syncs; its state dict
-    keys are the model's (`probes.*`). `clip_per_probe`: `clip_gradients` clips each probe on its own.
+    [towers or probes, n, hidden] and targets [n] or [probes, n] -> gold log-probabilities [probes, n], or with
+    `num_items` the loss alone (`TwoTowerProbes.summed_loss`, without logits). It is what the optimizer trains in
+    the probe phase, so that DDP wraps the call whose gradients it syncs; its state dict keys are the model's
+    (`probes.*`). `clip_per_probe`: `clip_gradients` clips each probe on its own.
     """
 
     def __init__(self, probes: nn.Module, chunk_size: int | None = None, clip_per_probe: bool = False):
@@ -39,7 +40,9 @@ class ProbesOnPositions(nn.Module):
         self.chunk_size = chunk_size
         self.clip_per_probe = clip_per_probe
 
-    def forward(self, features: torch.Tensor, targets: torch.LongTensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, targets: torch.LongTensor, num_items=None) -> torch.Tensor:
+        if num_items is not None:
+            return self.probes.summed_loss(features, targets, num_items)
         return self.probes.score_positions(features, targets, self.chunk_size)
 
 
@@ -127,9 +130,9 @@ class ProbePhase(TrainingPhase):
     def loss_function(self, trained: nn.Module):
         """
         A batch holds cached positions, {"features": [probes, n, hidden], "targets": [probes, n]}: the sum over
-        probes of each probe's token-mean NLL.
+        probes of each probe's token-mean NLL, computed without the logits.
         """
-        return lambda batch, num_items: -trained(batch["features"], batch["targets"]).sum() / num_items
+        return lambda batch, num_items: trained(batch["features"], batch["targets"], num_items)
 
     def epoch_windows(self, run, epoch: int, units_to_skip: int):
         """One window a step: each replica's positions of the step, from a FeatureCache or recomputed blocks."""
