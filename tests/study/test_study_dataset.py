@@ -23,7 +23,8 @@ def kept_study(tmp_path):
 
 def test_every_kept_table_loads_by_run_and_split(kept_study):
     report_dir, summaries = kept_study
-    index = load_dataset(str(report_dir), "run_index", split="train").to_pandas()
+    cache = str(report_dir.parent / "datasets-cache")  # datasets reuses a cached table of a folder of the same name
+    index = load_dataset(str(report_dir), "run_index", split="train", cache_dir=cache).to_pandas()
     assert len(index) == len(FAMILIES) * 2  # runs x points, one text
     assert index.groupby("family")[["cooperative", "separate_embeddings"]].first().to_dict("index") == {
         "causal": {"cooperative": True, "separate_embeddings": False},
@@ -31,7 +32,7 @@ def test_every_kept_table_loads_by_run_and_split(kept_study):
         "causal_control": {"cooperative": False, "separate_embeddings": False},
         "causal_control_separate": {"cooperative": False, "separate_embeddings": True}}
     for row in index.itertuples():
-        table = load_dataset(str(report_dir), row.run, split=row.split).to_pandas()
+        table = load_dataset(str(report_dir), row.run, split=row.split, cache_dir=cache).to_pandas()
         pd.testing.assert_frame_equal(table, pd.read_parquet(report_dir / row.path))
     early = index[index["step"] == 3].iloc[0]
     assert early["split"] == "step_3.wiki" and "/trajectory/step-3/" in early["path"]

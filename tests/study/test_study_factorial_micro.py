@@ -85,13 +85,15 @@ def test_the_document_reports_the_2x2_from_the_kept_files(micro_2x2):
     assert "probe replicas trained on disjoint slices of the training text" in document
 
 
-def test_the_kept_tables_load_as_a_dataset_with_their_card(micro_2x2):
+def test_the_kept_tables_load_as_a_dataset_with_their_card(micro_2x2, tmp_path):
     report_dir = micro_2x2["report_dir"]
-    index = load_dataset(str(report_dir), "run_index", split="train").to_pandas()
+    # a cache of its own: datasets reuses a cached table of a folder with the same name, even another run's
+    cache = str(tmp_path / "datasets-cache")
+    index = load_dataset(str(report_dir), "run_index", split="train", cache_dir=cache).to_pandas()
     assert len(index) == 8 * 2  # runs x texts
     row = index[(index["run"] == "causal_control_separate-t2-s1") & (index["text"] == "books")].iloc[0]
     assert not row["cooperative"] and row["separate_embeddings"] and row["split"] == "step_4.books"
-    sums = load_dataset(str(report_dir), row["run"], split=row["split"]).to_pandas()
+    sums = load_dataset(str(report_dir), row["run"], split=row["split"], cache_dir=cache).to_pandas()
     kept = pd.read_parquet(report_dir / row["path"])
     assert sums.equals(kept)
 
