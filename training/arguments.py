@@ -222,7 +222,8 @@ class TwoTowerTrainingConfig(DataArguments):
     )
     pretrained_model: str | None = option(None, "probe phase: folder of a pretrained two-tower model")
     probe_chunk_size: int | None = option(
-        None, "positions per chunk of the probes' vocabulary projection",
+        None, "positions per chunk of the probes' vocabulary projection in validation and L-BFGS (AdamW steps "
+        "compute the loss without logits, in pieces of their own)",
         bounds=at_least(1), unset="let the probes choose",
     )
     probe_replicas: int = option(
