@@ -200,17 +200,27 @@ def size_grid_rows(summaries, runs_dir, text, study) -> list[dict]:
 
 
 def family_size(study, family: str) -> dict:
-    """The tower width and pretraining steps of a family's runs (its overrides over the study's and its recipe's)."""
+    """
+    The tower width, depth, layout and pretraining steps of a family's runs (its overrides over the study's and its
+    recipe's, then the recipe's preset).
+    """
     spec = study.families[family]
     config = load_config(spec.pretrain_recipe)
     options = {**study.pretrain, **spec.overrides}
-    width = options.get("hidden_size") or config.hidden_size or PRESETS[config.model_preset]["hidden_size"]
-    return {"hidden_size": width, "max_train_steps": options.get("max_train_steps", config.max_train_steps)}
+    preset = PRESETS[config.model_preset]
+
+    def option(name):
+        return options.get(name) or getattr(config, name, None) or preset.get(name)
+
+    return {"hidden_size": option("hidden_size"), "num_hidden_layers": option("num_hidden_layers"),
+            "layout": option("layout") or "bert",  # TwoTowerConfig's default
+            "max_train_steps": options.get("max_train_steps", config.max_train_steps)}
 
 
 def size_grid_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "width": row["hidden_size"], "steps": row["max_train_steps"], "family": row["family"],
+        "width": row["hidden_size"], "layers": row["num_hidden_layers"], "layout": row["layout"],
+        "steps": row["max_train_steps"], "family": row["family"],
         "control": row["control_family"] + (" (separate embeddings)" if row["separate_embeddings"] else ""),
         "seeds": ", ".join(str(seed) for seed in row["difference"]["seeds"]),
         "cooperative r": _with_ci(row["cooperative"]["cross_fitted_r"]),
