@@ -39,38 +39,52 @@ def _piece_loss_and_logit_grad(hidden, weight, bias, targets, scale, with_grad: 
     return loss, logit_grad.mul_((counted * scale).unsqueeze(-1))
 
 
+def _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows, needs_grad=(False, False, False)):
+    """
+    The loss piece by piece, and the gradient of each of (hidden_states, weight, bias) that `needs_grad` flags, in
+    its input's dtype (None for the others).
+    """
+    dtype = _compute_dtype(hidden_states)
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        hidden, weight_c, bias_c = hidden_states.to(dtype), weight.to(dtype), bias.to(dtype)
+        accumulated = torch.promote_types(dtype, torch.float32)
+        scale = 1.0 / torch.as_tensor(num_items, dtype=accumulated, device=hidden.device)
+        hidden_grad = torch.empty_like(hidden_states) if needs_grad[0] else None
+        weight_grad = torch.zeros_like(weight, dtype=accumulated) if needs_grad[1] else None
+        bias_grad = torch.zeros_like(bias, dtype=accumulated) if needs_grad[2] else None
+        loss = hidden_states.new_zeros((), dtype=accumulated)
+        for start in range(0, hidden.shape[0], rows):
+            piece = slice(start, start + rows)
+            piece_loss, logit_grad = _piece_loss_and_logit_grad(
+                hidden[piece], weight_c, bias_c, target_ids[piece], scale, with_grad=any(needs_grad)
+            )
+            loss += piece_loss
+            if logit_grad is None:
+                continue
+            logit_grad_c = logit_grad.to(dtype)
+            if hidden_grad is not None:
+                hidden_grad[piece] = logit_grad_c @ weight_c
+            if weight_grad is not None:
+                weight_grad += logit_grad_c.t() @ hidden[piece]
+            if bias_grad is not None:
+                bias_grad += logit_grad.sum(0)
+    return (
+        loss * scale,
+        hidden_grad,
+        None if weight_grad is None else weight_grad.to(weight.dtype),
+        None if bias_grad is None else bias_grad.to(bias.dtype),
+    )
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """`linear_cross_entropy` under autograd: forward returns the loss and keeps its gradients for backward."""
 
     @staticmethod
     def forward(ctx, hidden_states, weight, bias, target_ids, num_items, rows):
-        dtype = _compute_dtype(hidden_states)
-        with torch.autocast(hidden_states.device.type, enabled=False):
-            hidden, weight_c, bias_c = hidden_states.to(dtype), weight.to(dtype), bias.to(dtype)
-            accumulated = torch.promote_types(dtype, torch.float32)
-            scale = 1.0 / torch.as_tensor(num_items, dtype=accumulated, device=hidden.device)
-            hidden_grad = torch.empty_like(hidden_states)
-            weight_grad = torch.zeros_like(weight, dtype=accumulated) if ctx.needs_input_grad[1] else None
-            bias_grad = torch.zeros_like(bias, dtype=accumulated) if ctx.needs_input_grad[2] else None
-            loss = hidden_states.new_zeros((), dtype=accumulated)
-            for start in range(0, hidden.shape[0], rows):
-                piece = slice(start, start + rows)
-                piece_loss, logit_grad = _piece_loss_and_logit_grad(
-                    hidden[piece], weight_c, bias_c, target_ids[piece], scale, with_grad=True
-                )
-                loss += piece_loss
-                logit_grad_c = logit_grad.to(dtype)
-                hidden_grad[piece] = logit_grad_c @ weight_c
-                if weight_grad is not None:
-                    weight_grad += logit_grad_c.t() @ hidden[piece]
-                if bias_grad is not None:
-                    bias_grad += logit_grad.sum(0)
-        ctx.save_for_backward(
-            hidden_grad,
-            None if weight_grad is None else weight_grad.to(weight.dtype),
-            None if bias_grad is None else bias_grad.to(bias.dtype),
-        )
-        return loss * scale
+        loss, *grads = _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows,
+                                       ctx.needs_input_grad[:3])  # fmt: skip
+        ctx.save_for_backward(*grads)
+        return loss
 
     @staticmethod
     def backward(ctx, loss_grad):
@@ -99,17 +113,7 @@ def linear_cross_entropy(
     rows = piece_rows(hidden_states.shape[0], hidden_states.shape[1], weight.shape[0])
     if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, weight, bias)):
         return LinearCrossEntropy.apply(hidden_states, weight, bias, target_ids, num_items, rows)
-    dtype = _compute_dtype(hidden_states)
-    with torch.autocast(hidden_states.device.type, enabled=False):
-        weight, bias = weight.to(dtype), bias.to(dtype)
-        loss = sum(
-            _piece_loss_and_logit_grad(
-                hidden_states[start : start + rows].to(dtype), weight, bias, target_ids[start : start + rows], 1.0,
-                with_grad=False,
-            )[0]
-            for start in range(0, hidden_states.shape[0], rows)
-        )
-    return loss / num_items
+    return _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows)[0]
 
 
 __all__ = ["linear_cross_entropy"]
