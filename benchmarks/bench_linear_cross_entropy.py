@@ -5,6 +5,9 @@ Times the vocabulary projection plus loss of a training step as transformers' LM
 with the loss), interleaved in rounds, and prints each one's milliseconds, their ratio and each one's peak memory.
 
     python -m benchmarks.bench_linear_cross_entropy --num_threads 1    # the speed benchmark's size: 16 x 128 tokens
+    python -m benchmarks.bench_linear_cross_entropy --num_threads 1 --vocab_size 50257 --piece_rows 8 32 64 128 256
+
+`--piece_rows` also times `linear_cross_entropy` at each given piece size, beside the rule's (`piece_rows`).
 """
 
 import argparse
@@ -14,7 +17,7 @@ from torch.nn import functional as F
 from transformers.loss.loss_utils import fixed_cross_entropy
 
 from benchmarks.measure import peak_memory_bytes, time_interleaved
-from modeling_twotower.linear_cross_entropy import linear_cross_entropy
+from modeling_twotower.linear_cross_entropy import LinearCrossEntropy, linear_cross_entropy, piece_rows
 
 
 def parse_args(argv=None):
@@ -25,6 +28,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=6, help="timed calls of each, spread over --rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num_threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--piece_rows", type=int, nargs="*", default=[], help="also time these piece sizes (rows)")
     return parser.parse_args(argv)
 
 
@@ -40,6 +44,10 @@ def run(args) -> dict:
         "with_logits": lambda: fixed_cross_entropy(F.linear(hidden, decoder.weight, decoder.bias), targets),
         "without_logits": lambda: linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets),
     }
+    for rows in args.piece_rows:
+        steps[f"{rows}_rows"] = lambda rows=rows: LinearCrossEntropy.apply(
+            hidden, decoder.weight, decoder.bias, targets, args.tokens, rows
+        )
     calls = {name: (lambda loss=loss: loss().backward()) for name, loss in steps.items()}
     timings = time_interleaved(calls, torch.device("cpu"), warmup=1, repeats=args.repeats, rounds=args.rounds)
     live = [hidden, hidden.grad, *decoder.parameters(), decoder.weight.grad, decoder.bias.grad, targets]  # after warm-up
@@ -53,9 +61,10 @@ def run(args) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     result = run(args)
+    rule_rows = piece_rows(args.tokens, args.hidden_size, args.vocab_size)
     print(f"decoder + cross-entropy, forward and backward: {args.tokens} positions, width {args.hidden_size}, "
-          f"vocabulary {args.vocab_size}, {torch.get_num_threads()} threads:")
-    for name in ("with_logits", "without_logits"):
+          f"vocabulary {args.vocab_size}, {torch.get_num_threads()} threads (without logits: pieces of {rule_rows} rows):")
+    for name in ("with_logits", "without_logits", *(f"{rows}_rows" for rows in args.piece_rows)):
         ms, peak = result[name]
         print(f"  {name:15s} {ms:8.1f} ms   peak memory {peak / 2**20:6.1f} MiB (inputs, weights, gradients included)")
     print(f"  without logits: {result['ratio']:.2f}x faster")

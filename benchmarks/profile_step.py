@@ -33,7 +33,7 @@ COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 OPTIMIZER_RANGE = "group:optimizer step"
 NAME_GROUPS = (  # a fused kernel belongs to the first group one of its op names matches
-    (("log_softmax", "nll_loss", "cross_entropy"), "vocabulary projection + loss"),
+    (("log_softmax", "nll_loss", "cross_entropy", "gather"), "vocabulary projection + loss"),  # gather: the gold logit
     (("softmax", "scaled_dot_product", "flash_attention"), "attention"),
     (("bernoulli", "native_dropout", "rand"), "dropout masks"),
     (("layer_norm",), "layer norms"),
