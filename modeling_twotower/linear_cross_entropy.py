@@ -75,7 +75,10 @@ def _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows, ne
             if needs_grad[0]:
                 hidden_grad_pieces.append(logit_grad_c @ weight_c)
             if weight_grad is not None:
-                weight_grad.addmm_(logit_grad_c.t(), hidden[piece])  # in the matmul: 1.5x faster than += a product
+                if weight_grad.dtype == dtype:  # summed inside the matmul: 1.5x faster than += a product
+                    weight_grad.addmm_(logit_grad_c.t(), hidden[piece])
+                else:  # half precision products, summed in float32
+                    weight_grad += logit_grad_c.t() @ hidden[piece]
             if bias_grad is not None:
                 bias_grad += logit_grad.sum(0)
     return (
