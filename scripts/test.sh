@@ -5,4 +5,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=install.sh
 . "$repo/scripts/install.sh"
 cd "$repo"
-HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest "$@"
+# Two workers, each running whole test files (a file's fixtures, such as the micro study, run once) on one thread:
+# on 2 cores 8 min 44 s against 12 min 26 s in one process. `-n 0` after it runs in one process.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -n 2 --dist loadfile "$@"
