@@ -16,7 +16,7 @@ MIN_PIECE_ROWS = 64
 def piece_rows(num_tokens: int, hidden_size: int, vocab_size: int) -> int:
     # Liger Kernel's rule, a piece of logits about as large as the hidden states so memory stays at their size, with
     # a floor: each piece reads the decoder's weight three times, and below 64 rows those reads outweigh the
-    # arithmetic (on a CPU, 8 rows took 2.4x the time of 128 at a vocabulary of 50257; docs/speed.md)
+    # arithmetic (on a CPU, 8 rows took 2.6x the time of 128 at a vocabulary of 50257; docs/speed.md)
     liger_rows = 2 ** math.ceil(math.log2(max(1, num_tokens * hidden_size // vocab_size)))
     return min(num_tokens, max(MIN_PIECE_ROWS, liger_rows))
 
