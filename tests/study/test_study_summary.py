@@ -33,6 +33,13 @@ def test_every_figure_of_the_readme_summary_is_in_the_study_json():
     assert "cooperative towers: matched r 0.80 [0.70, 0.90] against 0.02 for unrelated preferences (95th percentile " \
         "0.04): above chance, largely shared across seeds;" in line
     assert "matched r 0.39" not in line and "above chance, but mostly model-specific" in render_summary(results, ".", "x")
+    # the layout and depth families beyond the base cell say whether their split recurs, from their own verdicts
+    deeper = results["crossfit"]["verdicts"]["causal_l4"]
+    assert (f"(causal_l4, {len(deeper['seeds'])} seeds; across seeds, matched r {deeper['cross_seed_r']:.2f} "
+            f"[{deeper['cross_seed_r_ci'][0]:.2f}, {deeper['cross_seed_r_ci'][1]:.2f}]") in summary
+    changed["crossfit"]["verdicts"]["causal_l4"] |= {"cross_seed_r": 0.8, "cross_seed_r_ci": [0.7, 0.9]}
+    assert "matched r 0.80 [0.70, 0.90] against 0.02 for unrelated preferences (95th percentile 0.03): above chance, " \
+        "largely shared across seeds)." in render_summary(changed, ".", "x")
 
 
 def test_a_document_without_a_block_or_with_an_unknown_one_is_refused(tmp_path):
