@@ -25,11 +25,13 @@ from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 
 from ..scoring.report_files import TYPE_SUMS_PARQUET
+from .parts_of_speech import TYPE_TAGS_DIR, type_tags_path
 
 RUN_INDEX_PARQUET = "run_index.parquet"
 DATASET_CARD = "README.md"
 CARD_TEMPLATE = "study_dataset_card.md.j2"
-STAGED_FILES = ("STUDY.md", "study.json", "*.png")  # the document beside the tables
+# beside the tables: the document and the scored texts' part-of-speech tags
+STAGED_FILES = ("STUDY.md", "study.json", "*.png", f"{TYPE_TAGS_DIR}/*.parquet")
 
 
 def split_name(step: int, text: str) -> str:
@@ -58,12 +60,15 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
                 if not (runs_dir.parent / path).is_file():
                     continue
                 cross_fit = scores.get("cross_fit") or {}
+                tokenizer_file = runs_dir / run["name"] / "tokenizer.json.gz"
+                tags = type_tags_path(runs_dir.parent, text, tokenizer_file) if tokenizer_file.is_file() else None
                 rows.append({"run": run["name"], "family": run["family"], "seed": run["seed"],
                              **family_options(study, run["family"]), "num_towers": run["num_towers"],
                              "replicas_per_tower": max(scores["replicas_per_tower"]), "step": point["step"],
                              "multiple": point["step"] / summary["trajectory"][0]["step"], "text": text,
                              "split": split_name(point["step"], text), "min_count": cross_fit.get("min_count"),
-                             "cross_fitted_r": cross_fit.get("cross_fitted_r"), "path": path.as_posix()})
+                             "cross_fitted_r": cross_fit.get("cross_fitted_r"), "path": path.as_posix(),
+                             "type_tags_path": tags.relative_to(runs_dir.parent).as_posix() if tags and tags.is_file() else None})
     return pd.DataFrame(rows)
 
 
@@ -74,8 +79,13 @@ def write_dataset_card(summaries, report_dir: Path, study, render_template) -> P
         return None
     index.to_parquet(report_dir / RUN_INDEX_PARQUET, index=False)
     configs = {run: rows[["split", "path"]].to_dict("records") for run, rows in index.groupby("run", sort=False)}
+    tags = sorted(index["type_tags_path"].dropna().unique())
+    if tags:
+        configs["type_tags"] = [{"split": re.sub(r"[^A-Za-z0-9_]", "_", Path(path).stem), "path": path}
+                                for path in tags]
     card = render_template(CARD_TEMPLATE, configs=configs, index=RUN_INDEX_PARQUET, texts=sorted(set(index["text"])),
-                           num_runs=len(configs), columns=list(pd.read_parquet(report_dir / index["path"][0]).columns))
+                           num_runs=index["run"].nunique(),
+                           columns=list(pd.read_parquet(report_dir / index["path"][0]).columns))
     return write_text_atomically(report_dir / DATASET_CARD, card)
 
 

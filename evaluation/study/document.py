@@ -346,9 +346,11 @@ class StudyAnalysis:
         return self.cross_fit_by_text[self.primary_text]
 
 
-def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=None) -> StudyAnalysis:
+def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=None,
+                 type_tags_of=None) -> StudyAnalysis:
     """The verdicts (on every text, with the model quality of each arm), the cross-fitted verdicts, the long-run
-    rows, the size grid, the convergence checks and the token categories of the finished runs."""
+    rows, the size grid, the convergence checks, the token categories of the finished runs and the 2x2 (its
+    part-of-speech endpoint from `type_tags_of(text, tokenizer_file)`, factorial_analysis)."""
     primary = next(iter(study.eval_texts))
     trajectory = trajectory_rows(summaries, primary)
     verdicts_by_text = {text: text_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
@@ -374,7 +376,7 @@ def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=N
         num_runs=len(summaries),
         total_minutes=total_minutes,
         longest_run_minutes=longest_run_minutes,
-        factorial=factorial_analysis(summaries, runs_dir, study),
+        factorial=factorial_analysis(summaries, runs_dir, study, type_tags_of=type_tags_of),
     )
 
 
@@ -452,10 +454,11 @@ def study_results(analysis: StudyAnalysis, command) -> dict:
     }
 
 
-def write_study_report(summaries, runs_dir, report_dir, command, study, convergence=None, unigram_entropy=None):
+def write_study_report(summaries, runs_dir, report_dir, command, study, convergence=None, unigram_entropy=None,
+                       type_tags_of=None):
     """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    analysis = analyse_runs(summaries, runs_dir, study, convergence, unigram_entropy)
+    analysis = analyse_runs(summaries, runs_dir, study, convergence, unigram_entropy, type_tags_of)
     document = study_document(analysis, command, study, report_dir)
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(study_results(analysis, command), indent=2) + "\n")
     write_dataset_card(summaries, report_dir, study, render_template)  # where runs keep per-type sums

@@ -64,6 +64,7 @@ from .config import StudyConfig, StudyRun, load_study_config
 from .kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
 from .dataset import push_study_dataset
 from .document import STUDY_JSON, summary_lines, write_study_report
+from .parts_of_speech import kept_type_tags
 from .verdicts import unigram_cross_entropy
 from ..tower_preference.summary import summary_keys
 
@@ -436,8 +437,19 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
         if (path := kept_convergence / f"{run.name}.json").is_file()
     ]
     return write_study_report(
-        summaries, kept_runs, report_dir, command, study, convergence, summaries[0]["unigram_cross_entropy_nats"]
+        summaries, kept_runs, report_dir, command, study, convergence, summaries[0]["unigram_cross_entropy_nats"],
+        type_tags_of=scored_text_tags(study, data_dir, report_dir),
     )
+
+
+def scored_text_tags(study, data_dir, report_dir):
+    """The 2x2's part-of-speech tags: type_tags_of(text, tokenizer_file), each text tagged once per tokenizer and
+    kept in the report folder (parts_of_speech.kept_type_tags)."""
+
+    def type_tags_of(text, tokenizer_file):
+        return kept_type_tags(report_dir, text, data_path(data_dir, study.eval_texts[text].file), tokenizer_file)
+
+    return type_tags_of
 
 
 def main(argv=None):

@@ -9,7 +9,8 @@ mean of its +1 cells minus the mean of its -1 cells; the interaction: the cooper
 minus that with separate ones) with its t interval and two-sided p, and for the main effects the exact permutation
 test that exchanges the factor's labels within each level of the other factor. Endpoint 2, per cell: the cross-seed
 matched r of study_verdicts.cross_seed against its permutation null, and the same effects on it with bootstrap
-intervals. Another per-run endpoint (the part-of-speech contrast) enters by adding a function to the endpoints.
+intervals. Endpoint 3, where the scored texts' tags are given: each run's part-of-speech z (study/parts_of_speech.py)
+in the same linear model, and per cell the sign of d after orienting each seed's towers to the first seed's.
 """
 
 import dataclasses
@@ -27,6 +28,7 @@ from twotower.training.arguments import load_config
 from ..scoring.cross_fitting import NUM_HALVES, CrossFittedPreference
 from ..scoring.report_files import TYPE_SUMS_PARQUET
 from .cross_fit import t_interval
+from .parts_of_speech import cross_fitted_function_content_contrast, seeds_function_content_contrast
 from .verdicts import CONFIDENCE, RunTypes, cross_seed, interval
 from ..tower_preference.preference_stats import tower_contrast
 
@@ -68,6 +70,7 @@ class KeptPoint:
     summary: dict  # run.json
     text: str
     step: int
+    type_tags: dict | None = None  # {token id: UPOS} of the scored text for the run's tokenizer, where tagged
 
     @property
     def scores(self) -> dict:
@@ -92,6 +95,11 @@ class KeptPoint:
     @property
     def min_count(self) -> int:
         return self.scores["cross_fit"]["min_count"]
+
+    @property
+    def replicas_per_tower(self) -> int:
+        probes = sum(column.startswith("logprob_sum_probe") for column in self.type_sums.columns)
+        return probes // self.num_towers
 
 
 def probe_sums(table: pd.DataFrame, num_towers: int):
@@ -136,9 +144,37 @@ def type_preferences(point: KeptPoint) -> RunTypes:
                     preference=rows, sampling_variance=np.zeros_like(rows), over_floor=np.zeros(eligible.size))
 
 
-# per-run endpoints: name -> function of a KeptPoint returning the run's value (None when it has none). The
-# part-of-speech contrast (endpoint 3) joins as another entry; each enters the same linear model.
-PER_RUN_ENDPOINTS = {"cross_fitted_r": cross_fitted_r}
+def part_of_speech_z(point: KeptPoint) -> float | None:
+    """Endpoint 3: the run's function-word against content-word contrast z (None where the text is not tagged)."""
+    if point.type_tags is None:
+        return None
+    return cross_fitted_function_content_contrast(
+        point.type_sums, point.type_tags, point.num_towers, point.replicas_per_tower, point.min_count
+    )["z"]
+
+
+def part_of_speech_signs(points: list[tuple[dict, KeptPoint]], z_per_run: dict) -> dict:
+    """Per cell whose every run has a z (`z_per_run`, by run name), each seed's d after orienting its towers to the
+    cell's first seed's, and their sign consistency."""
+    signs = {}
+    for cell, name in CELL_NAMES.items():
+        members = sorted(((codes["seed"], point) for codes, point in points
+                          if (codes["cooperation"], codes["embedding"]) == cell), key=lambda member: member[0])
+        if not members or any(z_per_run[point.run_dir.name] is None for _, point in members):
+            continue
+        across = seeds_function_content_contrast([
+            {"type_sums": point.type_sums, "type_tags": point.type_tags, "num_towers": point.num_towers,
+             "replicas_per_tower": point.replicas_per_tower} for _, point in members
+        ], min_count=members[0][1].min_count)
+        signs[name] = {"d_nats": {seed: run["d_nats"] for (seed, _), run in zip(members, across["runs"])},
+                       **across["sign_consistency"]}
+    return signs
+
+
+PART_OF_SPEECH_ENDPOINT = "part_of_speech_z"
+# per-run endpoints: name -> function of a KeptPoint returning the run's value (None when it has none); each enters
+# the same linear model, and one that no run has is left out
+PER_RUN_ENDPOINTS = {"cross_fitted_r": cross_fitted_r, PART_OF_SPEECH_ENDPOINT: part_of_speech_z}
 
 
 def effect_model(records: list[dict]) -> dict:
@@ -234,14 +270,17 @@ def cross_seed_cells(runs_by_cell: dict[tuple, list[RunTypes]]) -> dict:
     return {"cells": cells, "effects": effects}
 
 
-def kept_points(summaries, runs_dir, factors, text, step) -> list[tuple[dict, KeptPoint]]:
-    """The 2x2's runs that keep type sums for `text` at `step`, with their coded factors."""
+def kept_points(summaries, runs_dir, factors, text, step, type_tags_of=None) -> list[tuple[dict, KeptPoint]]:
+    """The 2x2's runs that keep type sums for `text` at `step`, with their coded factors and, where
+    `type_tags_of(text, tokenizer_file)` gives them, the text's tags."""
     points = []
     for summary in summaries:
         run = summary["run"]
         if run["family"] not in factors or step not in [point["step"] for point in summary["trajectory"]]:
             continue
         point = KeptPoint(runs_dir / run["name"], summary, text, step)
+        if type_tags_of is not None:
+            point.type_tags = type_tags_of(text, point.run_dir / "tokenizer.json.gz")
         if point.path.is_file():
             points.append((factors[run["family"]] | {"family": run["family"], "seed": run["seed"]}, point))
     return points
@@ -252,17 +291,24 @@ def point_analysis(points: list[tuple[dict, KeptPoint]], endpoints: dict) -> dic
     analyses = {}
     for name, endpoint in endpoints.items():
         records = [codes | {"run": point.run_dir.name, "value": endpoint(point)} for codes, point in points]
+        if all(r["value"] is None for r in records):
+            continue
         analyses[name] = endpoint_analysis(records) | {"per_run": {r["run"]: r["value"] for r in records}}
+    if PART_OF_SPEECH_ENDPOINT in analyses:
+        pos = analyses[PART_OF_SPEECH_ENDPOINT]
+        pos["signs"] = part_of_speech_signs(points, pos["per_run"])
     runs_by_cell = {}
     for codes, point in points:
         runs_by_cell.setdefault((codes["cooperation"], codes["embedding"]), []).append(type_preferences(point))
     return {"endpoints": analyses, "cross_seed": cross_seed_cells(runs_by_cell)}
 
 
-def factorial_analysis(summaries, runs_dir, study, endpoints=None) -> dict | None:
+def factorial_analysis(summaries, runs_dir, study, endpoints=None, type_tags_of=None) -> dict | None:
     """
     The 2x2 from the kept runs (None unless the study's families cross the two factors): per text and trajectory
     point (`multiple`: the step over the first point's), each endpoint's analysis, and the pre-registered words.
+    `type_tags_of(text, tokenizer_file)`: the {token id: UPOS} of a scored text (None where not tagged), for
+    endpoint 3.
     """
     factors = family_factors(study)
     runs = [summary for summary in summaries if summary["run"]["family"] in factors]
@@ -273,7 +319,7 @@ def factorial_analysis(summaries, runs_dir, study, endpoints=None) -> dict | Non
     results = []
     for text in study.eval_texts:
         for step in steps:
-            points = kept_points(runs, runs_dir, factors, text, step)
+            points = kept_points(runs, runs_dir, factors, text, step, type_tags_of)
             if points:
                 results.append({"text": text, "step": step, "multiple": step / steps[0],
                                 **point_analysis(points, endpoints)})
@@ -314,6 +360,12 @@ def explanation(effects_by_text: dict, primary_text: str) -> str:
     return "none of the pre-registered answers"
 
 
+def cooperative_mean(analysis: dict) -> dict:
+    """An endpoint's mean over the seeds of both cooperative cells, with its t interval."""
+    return t_interval([value for cell, figure in analysis["cells"].items() if cell.startswith("cooperative")
+                       for value in figure["per_seed"].values()])
+
+
 def syntax_reading(final: dict, name: str) -> str | None:
     """
     The paper's syntax/semantics reading on a per-run endpoint `name` (the part-of-speech z): "supported" when the
@@ -324,29 +376,32 @@ def syntax_reading(final: dict, name: str) -> str | None:
         return None
     for result in final.values():
         analysis = result["endpoints"][name]
-        cooperative = [value for cell, figure in analysis["cells"].items() if cell.startswith("cooperative")
-                       for value in figure["per_seed"].values()]
-        mean = t_interval(cooperative)
+        mean = cooperative_mean(analysis)
         if mean["ci"] is None or mean["ci"][0] <= 0 or analysis["effects"] is None \
                 or analysis["effects"]["cooperation"]["value"] <= 0:
             return "not supported at this scale"
     return "supported"
 
 
-PART_OF_SPEECH_ENDPOINT = "part_of_speech_z"
-
 
 # Pre-registered (docs/study.md): no endpoint is read before every planned run is kept; until then the tables are interim.
-INTERIM_VERDICT = {"explanation": "not read before every planned run is kept", "recurs": {}, "syntax_reading": None}
+INTERIM_VERDICT = {"explanation": "not read before every planned run is kept", "recurs": {}, "syntax_reading": None,
+                   "part_of_speech": {}}
 
 
 def factorial_verdict(final: dict, primary_text: str) -> dict:
     """The words of the final point: endpoint 1's explanation, endpoint 2's recurrence per cell and text, and, with
-    the part-of-speech endpoint, the syntax/semantics reading."""
+    the part-of-speech endpoint, the syntax/semantics reading and its figures per text (the cooperative cells' mean
+    z, the cooperation effect on z)."""
     return {
         "explanation": explanation({text: result["endpoints"]["cross_fitted_r"]["effects"]
                                     for text, result in final.items()}, primary_text) if primary_text in final else None,
         "recurs": {text: {cell: figure["recurs"] for cell, figure in result["cross_seed"]["cells"].items()}
                    for text, result in final.items()},
         "syntax_reading": syntax_reading(final, PART_OF_SPEECH_ENDPOINT),
+        "part_of_speech": {
+            text: {"cooperative_z": cooperative_mean(analysis),
+                   "cooperation_effect": (analysis["effects"] or {}).get("cooperation")}
+            for text, result in final.items() if (analysis := result["endpoints"].get(PART_OF_SPEECH_ENDPOINT))
+        },
     }

@@ -5,7 +5,8 @@ mean over seeds with its t interval, each effect with its interval, p and permut
 
 import pandas as pd
 
-from .factorial import CELL_NAMES, EFFECTS
+from ..scoring.parts_of_speech_tagging import INSTALL_HINT
+from .factorial import CELL_NAMES, EFFECTS, PART_OF_SPEECH_ENDPOINT
 
 ENDPOINT_NAMES = {"cross_fitted_r": "cross-fitted r", "part_of_speech_z": "part-of-speech z"}
 
@@ -76,6 +77,20 @@ def cross_seed_table(points: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def signs_table(points: list[dict]) -> pd.DataFrame:
+    """Endpoint 3's sign: one row per text, point and cell, each seed's d after orienting its towers to the first
+    seed's, and how many agree in sign."""
+    rows = []
+    for point in points:
+        analysis = point["endpoints"].get(PART_OF_SPEECH_ENDPOINT)
+        for cell, figure in (analysis or {}).get("signs", {}).items():
+            rows.append({"text": point["text"], "point": point_label(point), "cell": cell,
+                         "d per seed (nats, oriented)": ", ".join(f"{d:+.3f}" for d in figure["d_nats"].values()),
+                         "same sign": f"{max(figure['num_positive'], figure['num_negative'])} of {figure['num_runs']}",
+                         "sign test p": _p(figure["sign_test_p"])})
+    return pd.DataFrame(rows)
+
+
 def factorial_context(factorial: dict | None, markdown_table) -> dict | None:
     """What the template's 2x2 section shows: tables as Markdown, the final point's effects and words."""
     if factorial is None:
@@ -93,4 +108,8 @@ def factorial_context(factorial: dict | None, markdown_table) -> dict | None:
                                  (point["endpoints"]["cross_fitted_r"]["effects"] or {}).items()}
                           for text, point in final.items()},
         "final_label": point_label(final[factorial["primary_text"]]) if factorial["primary_text"] in final else None,
+        "signs_table": markdown_table(signs_table(points)) if PART_OF_SPEECH_ENDPOINT in endpoints else None,
+        "syntax": {text: {name: _with_ci(figure) for name, figure in figures.items()}
+                   for text, figures in factorial["verdict"]["part_of_speech"].items()},
+        "install_hint": INSTALL_HINT,
     }

@@ -15,18 +15,29 @@ difference of means reads. The types' tags come from tagging the scored text wit
     contrast["d_nats"], contrast["z"], contrast["p_value"]
     across = seeds_function_content_contrast([{"type_sums": ..., "type_tags": ...} for each seed])
     across["runs"][seed]["d_nats"], across["sign_consistency"]
+
+The study tags each scored text once for its runs' tokenizer and keeps the tags beside the runs
+(`REPORT_DIR/type_tags/TEXT-TOKENIZER.parquet`, `kept_type_tags`), so that the contrast is recomputed from kept files
+alone, without spaCy.
 """
 
+import gzip
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
 
 from twotower.training.data import load_raw_datasets
+from twotower.training.utils.atomic import write_atomically
 
 from ..scoring.cross_fitting import CrossFittedPreference
-from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines
-from ..tower_preference.parts_of_speech import NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast
+from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines, tagger_available
+from ..tower_preference.parts_of_speech import (
+    CONTENT_TAGS, FUNCTION_TAGS, NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast,
+)
 
 
 def read_type_sums(type_sums) -> pd.DataFrame:
@@ -67,7 +78,8 @@ def cross_fitted_function_content_contrast(
     """
     One run's contrast d of tower 0 (function-word types minus content-word types, each type weighted equally), z
     against the permutation null of the labels, and p (tower_preference.parts_of_speech.function_content_contrast),
-    with "num_eligible_types" (in both halves) and "num_tagged_types" (of them, those with a tag in type_tags).
+    with "num_eligible_types" (in both halves) and "num_tagged_types" (of them, those with a tag in type_tags); d, z
+    and p are None where the eligible types lack function words or content words (a text too short).
 
     Args:
         type_sums: the run's type_sums table or the path of its type_sums.parquet.
@@ -75,8 +87,15 @@ def cross_fitted_function_content_contrast(
     """
     token_ids, preference = cross_fitted_tower_preference(type_sums, num_towers, replicas_per_tower, min_count)
     tags = _tags_of(token_ids, type_tags)
-    contrast = function_content_contrast(preference[0], tags, permutations, seed)
-    return contrast | {"num_eligible_types": int(token_ids.size), "num_tagged_types": int((tags != "").sum())}
+    counts = {"num_eligible_types": int(token_ids.size), "num_tagged_types": int((tags != "").sum())}
+    if not has_both_groups(tags):
+        return {"d_nats": None, "z": None, "p_value": None} | counts
+    return function_content_contrast(preference[0], tags, permutations, seed) | counts
+
+
+def has_both_groups(tags) -> bool:
+    """Whether the tags hold a function-word and a content-word type: what the contrast compares."""
+    return bool(np.isin(tags, FUNCTION_TAGS).any() and np.isin(tags, CONTENT_TAGS).any())
 
 
 def seeds_function_content_contrast(runs, min_count: int = 10, permutations: int = NUM_PERMUTATIONS, seed: int = 0):
@@ -109,6 +128,36 @@ def tag_text(text_path, tokenizer, text_column_name: str = "text") -> TypeTags:
     table, `.table()`, saves as Parquet; its rows with `tagged` give the same dict)."""
     lines = load_raw_datasets(None, train_file=str(text_path))["train"][text_column_name]
     return tag_lines(lines, tokenizer)
+
+
+TYPE_TAGS_DIR = "type_tags"
+
+
+def type_tags_path(report_dir, text_name: str, tokenizer_file) -> Path:
+    """Where the study keeps a text's tags for a kept run's tokenizer (`tokenizer.json.gz`):
+    `report_dir/type_tags/{text_name}-{the tokenizer's sha256[:12]}.parquet`."""
+    digest = hashlib.sha256(gzip.decompress(Path(tokenizer_file).read_bytes())).hexdigest()[:12]
+    return Path(report_dir, TYPE_TAGS_DIR, f"{text_name}-{digest}.parquet")
+
+
+def kept_type_tags(report_dir, text_name: str, text_path, tokenizer_file) -> dict | None:
+    """
+    {token id: UPOS} of a scored text for a kept run's tokenizer: read from its `type_tags_path` (TypeTags.table())
+    where the study kept it, else tagged now (`tag_text`) and kept there; None when it is not kept and the `pos`
+    extra is not installed.
+    """
+    path = type_tags_path(report_dir, text_name, tokenizer_file)
+    if not path.is_file():
+        if not tagger_available():
+            return None
+        tokenizer_json = gzip.decompress(Path(tokenizer_file).read_bytes()).decode()
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer_json))
+        table = tag_text(text_path, tokenizer).table()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda tmp: table.to_parquet(tmp, index=False))
+    table = pd.read_parquet(path)
+    tagged = table[table["tagged"]]
+    return dict(zip(tagged["token_id"].tolist(), tagged["tag"].tolist()))
 
 
 def _tags_of(token_ids, type_tags: dict) -> np.ndarray:

@@ -6,6 +6,7 @@ import itertools
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -23,25 +24,31 @@ FAMILIES = {  # family -> (cooperation, embedding)
     "causal": (1, 1), "causal_separate": (1, -1), "causal_control": (-1, 1), "causal_control_separate": (-1, -1)}
 
 
-def planted_predictions(rng, signal: float, occurrences: int = 24):
+# the planted types' parts of speech: 10 function-word types (DET, ADP), 30 content-word types (NOUN, VERB)
+TYPE_TAGS = {t: "DET" if t < 5 else "ADP" if t < 10 else "NOUN" if t < 25 else "VERB" for t in range(TYPES)}
+FUNCTION_TYPES = np.arange(TYPES) < 10
+
+
+def planted_predictions(rng, signal: float, occurrences: int = 24, function_gain: float = 0.0):
     """token ids, gold log-probs [probes, n] (tower-major) and documents of one run whose towers differ per type by
-    `signal` times a type's own preference (shared by every replica and both halves), plus probe noise."""
+    `signal` times a type's own preference (shared by every replica and both halves), plus probe noise; tower 0
+    gains `function_gain` nats over tower 1 on the function-word types."""
     token_ids = np.repeat(np.arange(TYPES), occurrences)
     rng.shuffle(token_ids)
-    preference = rng.normal(0, 1, TYPES)
+    preference = rng.normal(0, 1, TYPES) * signal + function_gain * FUNCTION_TYPES
     base = rng.normal(-4, 1, TYPES)
-    towers = np.array([[+0.5], [-0.5]]) * signal * preference[token_ids]
+    towers = np.array([[+0.5], [-0.5]]) * preference[token_ids]
     logprobs = np.repeat(base[token_ids] + towers, REPLICAS, axis=0) + rng.normal(0, 0.5, (2 * REPLICAS, token_ids.size))
     return token_ids, logprobs, np.arange(token_ids.size) % 6
 
 
-def keep_run(runs_dir, family, seed, signal, rng, steps=(3, 6)):
+def keep_run(runs_dir, family, seed, signal, rng, steps=(3, 6), function_gain=0.0):
     """A kept run folder (run.json, type sums at every step) as the study writes it; returns its run.json."""
     name = f"{family}-t2-s{seed}"
     trajectory = []
     for step in steps:
         cross_fit = CrossFittedPreference(2, REPLICAS, TYPES)
-        cross_fit.update(*planted_predictions(rng, signal))
+        cross_fit.update(*planted_predictions(rng, signal, function_gain=function_gain))
         point_dir = runs_dir / name / ("" if step == steps[-1] else f"trajectory/step-{step}")
         (point_dir / "scores" / "wiki").mkdir(parents=True, exist_ok=True)
         cross_fit.type_sums().to_parquet(point_dir / "scores" / "wiki" / TYPE_SUMS_PARQUET)
@@ -62,9 +69,9 @@ def study_of(families=FAMILIES):
         grid=[{"family": name, "seeds": [0, 1, 2]} for name in families], probe={"probe_replicas": REPLICAS})
 
 
-def planted_study(tmp_path, signal_of, seeds=3):
+def planted_study(tmp_path, signal_of, seeds=3, function_gain_of=lambda c, e: 0.0):
     rng = np.random.default_rng(0)
-    summaries = [keep_run(tmp_path, family, seed, signal_of(*cell), rng)
+    summaries = [keep_run(tmp_path, family, seed, signal_of(*cell), rng, function_gain=function_gain_of(*cell))
                  for seed in range(seeds) for family, cell in FAMILIES.items()]
     return summaries
 
@@ -161,6 +168,37 @@ def test_a_per_run_endpoint_enters_the_same_model(tmp_path):
     # within each cell the seeds differ by 0.1: pooled variance 0.005 on 4 degrees of freedom, standard error 0.05
     assert effects["embedding"]["p"] == pytest.approx(2 * stats.t.sf(2.0 / 0.05, 4))
     assert effects["cooperation"]["p"] == pytest.approx(1.0)
+
+
+def test_a_planted_part_of_speech_contrast_gives_the_syntax_reading_and_a_null_does_not(tmp_path):
+    def analysis(folder, gain, type_tags_of=lambda text, tokenizer_file: TYPE_TAGS):
+        summaries = planted_study(folder, lambda c, e: 0.5, function_gain_of=lambda c, e: gain if c == 1 else 0.0)
+        return factorial_analysis(summaries, folder, study_of(), type_tags_of=type_tags_of)
+
+    planted = analysis(tmp_path / "planted", 1.5)
+    endpoint = planted["points"][-1]["endpoints"]["part_of_speech_z"]
+    assert endpoint["effects"]["cooperation"]["ci"][0] > 2
+    assert planted["verdict"]["syntax_reading"] == "supported"
+    # seed 0's d, independently with pandas: tower 0 minus tower 1 per replica group and half, averaged, over the
+    # types seen MIN_COUNT times in each half; the mean over function-word types minus that over content-word ones
+    table = pd.read_parquet(tmp_path / "planted" / "causal-t2-s0" / "scores" / "wiki" / TYPE_SUMS_PARQUET)
+    means = table[[f"logprob_sum_probe{k}" for k in range(4)]].div(table["count"], axis=0)
+    table["preference"] = ((means.iloc[:, 0] - means.iloc[:, 2]) + (means.iloc[:, 1] - means.iloc[:, 3])) / 2
+    seen = table.groupby("token_id").filter(lambda rows: len(rows) == 2 and (rows["count"] >= MIN_COUNT).all())
+    preference = seen.groupby("token_id")["preference"].mean()
+    is_function = preference.index.map(TYPE_TAGS).isin(["DET", "ADP"])
+    d = preference[is_function].mean() - preference[~is_function].mean()
+    signs = endpoint["signs"]["cooperative, shared embedding"]
+    assert signs["d_nats"][0] == pytest.approx(d, rel=1e-9)
+    assert d == pytest.approx(1.5, abs=0.3)
+    assert signs["num_positive"] == 3 and signs["num_runs"] == 3
+
+    null = analysis(tmp_path / "null", 0.0)
+    assert null["verdict"]["syntax_reading"] == "not supported at this scale"
+    # untagged texts leave endpoint 3 out, and the reading with it
+    untagged = analysis(tmp_path / "untagged", 1.5, type_tags_of=lambda text, tokenizer_file: None)
+    assert "part_of_speech_z" not in untagged["points"][-1]["endpoints"]
+    assert untagged["verdict"]["syntax_reading"] is None
 
 
 def test_explanation_words_follow_the_preregistered_rules():

@@ -27,7 +27,7 @@ RECOMPUTE = REPO_ROOT / "scripts" / "recompute_study.py"
 MICRO_2X2 = {
     "train_file": "wiki/train.txt",
     "validation_file": "wiki/valid.txt",
-    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_tokens": 4 * 128}},
+    "eval_texts": {"wiki-test": {"file": "wiki/test.txt"}, "books": {"file": "books", "max_tokens": 16 * 128}},
     "families": {
         "causal": {"pretrain_recipe": "tiny", "probe_recipe": "tiny_probe"},
         "causal_separate": {"pretrain_recipe": "tiny", "probe_recipe": "tiny_probe",
@@ -41,7 +41,7 @@ MICRO_2X2 = {
              ("causal", "causal_separate", "causal_control", "causal_control_separate")],
     "seed_major": True,
     "trajectory": [1.0],  # one point keeps the test short; tests/study/test_study_factorial.py plants two
-    "pretrain": {"tokenizer_vocab_size": 512, "max_train_steps": 4, "num_warmup_steps": 1, "eval_steps": 4,
+    "pretrain": {"tokenizer_vocab_size": 2048, "max_train_steps": 4, "num_warmup_steps": 1, "eval_steps": 4,
                  "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
     "probe": {"probe_replicas": 2, "probe_replica_data": "disjoint", "max_train_steps": 4, "num_warmup_steps": 1,
               "eval_steps": 2, "max_eval_blocks": 2, "checkpointing_steps": None, "per_device_train_batch_size": 8},
@@ -59,7 +59,7 @@ def micro_2x2(tmp_path_factory, shared_data):
     write_lines(data_dir / "wiki" / "valid.txt", wiki / "valid.txt", 0, 100)
     write_lines(data_dir / "wiki" / "test.txt", wiki / "test.txt", 0, 80)
     for novel in ("pg11_alice_in_wonderland.txt", "pg35_the_time_machine.txt"):
-        write_lines(data_dir / "books" / novel, shared_data / "gutenberg" / novel, 100, 120)
+        write_lines(data_dir / "books" / novel, shared_data / "gutenberg" / novel, 100, 250)
     recipe = root / "causes.yaml"
     recipe.write_text(yaml.safe_dump(MICRO_2X2, sort_keys=False))
     report = Path(run_study(str(recipe), data_dir, root / "out", root / "report", command="micro 2x2"))
@@ -79,9 +79,17 @@ def test_the_document_reports_the_2x2_from_the_kept_files(micro_2x2):
             scores = next(p for p in summary["trajectory"] if p["step"] == point["step"])["scores"][point["text"]]
             assert value == pytest.approx(scores["cross_fit"]["cross_fitted_r"], abs=1e-12)
         assert set(point["cross_seed"]["cells"]) == set(CELL_NAMES.values())
+        # endpoint 3 from the text tagged once and kept (the test extra installs spaCy's model)
+        pos = point["endpoints"]["part_of_speech_z"]
+        assert pos["df"] == 4 and set(pos["signs"]) == set(CELL_NAMES.values())
+        assert all(-50 < z < 50 for z in pos["per_run"].values())
+    assert sorted(path.name.split("-")[0] for path in (micro_2x2["report_dir"] / "type_tags").iterdir()) == [
+        "books", "wiki"]
     document = micro_2x2["document"]
     assert "## What causes the split: the 2x2" in document
     assert factorial["verdict"]["explanation"] in document
+    assert f"The paper's syntax/semantics reading: *{factorial['verdict']['syntax_reading']}*" in document
+    assert "### Part-of-speech contrast: its sign across seeds" in document
     assert "probe replicas trained on disjoint slices of the training text" in document
 
 
@@ -96,6 +104,9 @@ def test_the_kept_tables_load_as_a_dataset_with_their_card(micro_2x2, tmp_path):
     sums = load_dataset(str(report_dir), row["run"], split=row["split"], cache_dir=cache).to_pandas()
     kept = pd.read_parquet(report_dir / row["path"])
     assert sums.equals(kept)
+    tags_split = Path(row["type_tags_path"]).stem.replace("-", "_")
+    tags = load_dataset(str(report_dir), "type_tags", split=tags_split, cache_dir=cache).to_pandas()
+    assert tags.equals(pd.read_parquet(report_dir / row["type_tags_path"]))
 
 
 def test_push_to_hub_dry_run_stages_and_uploads_nothing(micro_2x2, monkeypatch, capsys):
@@ -114,6 +125,7 @@ def test_push_to_hub_dry_run_stages_and_uploads_nothing(micro_2x2, monkeypatch, 
     assert "runs/causal-t2-s0/scores/wiki-test/type_sums.parquet" in printed
     assert (staged / "README.md").read_text() == (micro_2x2["report_dir"] / "README.md").read_text()
     assert len(list(staged.glob("runs/*/**/type_sums.parquet"))) == 16
+    assert len(list(staged.glob("type_tags/*.parquet"))) == 2
     assert load_dataset(str(staged), "causal-t2-s1", split="step_4.books").num_rows > 0
 
 
@@ -125,13 +137,15 @@ def test_plain_numpy_script_recomputes_the_documents_figures(micro_2x2):
         assert run["value"] == pytest.approx(run["cross_fitted_r"], abs=1e-10)
     points = {(p["text"], p["step"]): p for p in micro_2x2["results"]["factorial"]["points"]}
     for point in recomputed["points"]:
-        document = points[(point["text"], point["step"])]["endpoints"]["cross_fitted_r"]
-        for cell, figure in point["cells"].items():
-            assert figure["value"] == pytest.approx(document["cells"][cell]["value"], abs=1e-10)
-            assert figure["ci"] == pytest.approx(document["cells"][cell]["ci"], abs=1e-10)
-        for effect, figure in point["effects"].items():
-            assert figure["ci"] == pytest.approx(document["effects"][effect]["ci"], abs=1e-10)
-            assert figure["p"] == pytest.approx(document["effects"][effect]["p"], abs=1e-10)
+        endpoints = points[(point["text"], point["step"])]["endpoints"]
+        for name, figures in (("cross_fitted_r", point), ("part_of_speech_z", point["part_of_speech_z"])):
+            document = endpoints[name]
+            for cell, figure in figures["cells"].items():
+                assert figure["value"] == pytest.approx(document["cells"][cell]["value"], abs=1e-8)
+                assert figure["ci"] == pytest.approx(document["cells"][cell]["ci"], abs=1e-8)
+            for effect, figure in figures["effects"].items():
+                assert figure["ci"] == pytest.approx(document["effects"][effect]["ci"], abs=1e-8)
+                assert figure["p"] == pytest.approx(document["effects"][effect]["p"], abs=1e-8)
     # and the rounded figures it prints are the document's
     script = runpy.run_path(str(RECOMPUTE))
     printed = [script["with_ci"](figure) for point in recomputed["points"] for figure in point["effects"].values()]
