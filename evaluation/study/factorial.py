@@ -279,9 +279,9 @@ def kept_points(summaries, runs_dir, factors, text, step, type_tags_of=None) -> 
         if run["family"] not in factors or step not in [point["step"] for point in summary["trajectory"]]:
             continue
         point = KeptPoint(runs_dir / run["name"], summary, text, step)
-        if type_tags_of is not None:
-            point.type_tags = type_tags_of(text, point.run_dir / "tokenizer.json.gz")
         if point.path.is_file():
+            if type_tags_of is not None:
+                point.type_tags = type_tags_of(text, point.run_dir / "tokenizer.json.gz")
             points.append((factors[run["family"]] | {"family": run["family"], "seed": run["seed"]}, point))
     return points
 
@@ -381,7 +381,6 @@ def syntax_reading(final: dict, name: str) -> str | None:
                 or analysis["effects"]["cooperation"]["value"] <= 0:
             return "not supported at this scale"
     return "supported"
-
 
 
 # Pre-registered (docs/study.md): no endpoint is read before every planned run is kept; until then the tables are interim.
