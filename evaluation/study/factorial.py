@@ -144,13 +144,19 @@ def type_preferences(point: KeptPoint) -> RunTypes:
                     preference=rows, sampling_variance=np.zeros_like(rows), over_floor=np.zeros(eligible.size))
 
 
-def part_of_speech_z(point: KeptPoint) -> float | None:
+def part_of_speech_z(point: KeptPoint, remove_frequency_trend: bool = False) -> float | None:
     """Endpoint 3: the run's function-word against content-word contrast z (None where the text is not tagged)."""
     if point.type_tags is None:
         return None
     return cross_fitted_function_content_contrast(
-        point.type_sums, point.type_tags, point.num_towers, point.replicas_per_tower, point.min_count
+        point.type_sums, point.type_tags, point.num_towers, point.replicas_per_tower, point.min_count,
+        remove_frequency_trend=remove_frequency_trend,
     )["z"]
+
+
+def frequency_adjusted_part_of_speech_z(point: KeptPoint) -> float | None:
+    """Not pre-registered: endpoint 3 after removing the preference's linear trend on the types' log count."""
+    return part_of_speech_z(point, remove_frequency_trend=True)
 
 
 def part_of_speech_signs(points: list[tuple[dict, KeptPoint]], z_per_run: dict) -> dict:
@@ -172,9 +178,11 @@ def part_of_speech_signs(points: list[tuple[dict, KeptPoint]], z_per_run: dict) 
 
 
 PART_OF_SPEECH_ENDPOINT = "part_of_speech_z"
+FREQUENCY_ADJUSTED_ENDPOINT = "part_of_speech_z_frequency_adjusted"  # exploratory: function words are frequent
 # per-run endpoints: name -> function of a KeptPoint returning the run's value (None when it has none); each enters
 # the same linear model, and one that no run has is left out
-PER_RUN_ENDPOINTS = {"cross_fitted_r": cross_fitted_r, PART_OF_SPEECH_ENDPOINT: part_of_speech_z}
+PER_RUN_ENDPOINTS = {"cross_fitted_r": cross_fitted_r, PART_OF_SPEECH_ENDPOINT: part_of_speech_z,
+                     FREQUENCY_ADJUSTED_ENDPOINT: frequency_adjusted_part_of_speech_z}
 
 
 def effect_model(records: list[dict]) -> dict:
@@ -391,7 +399,9 @@ INTERIM_VERDICT = {"explanation": "not read before every planned run is kept", "
 def factorial_verdict(final: dict, primary_text: str) -> dict:
     """The words of the final point: endpoint 1's explanation, endpoint 2's recurrence per cell and text, and, with
     the part-of-speech endpoint, the syntax/semantics reading and its figures per text (the cooperative cells' mean
-    z, the cooperation effect on z)."""
+    z, the cooperation effect on z, and, not pre-registered, the cooperative cells' mean z with the log-frequency
+    trend removed)."""
+    adjusted = {text: result["endpoints"].get(FREQUENCY_ADJUSTED_ENDPOINT) for text, result in final.items()}
     return {
         "explanation": explanation({text: result["endpoints"]["cross_fitted_r"]["effects"]
                                     for text, result in final.items()}, primary_text) if primary_text in final else None,
@@ -400,7 +410,8 @@ def factorial_verdict(final: dict, primary_text: str) -> dict:
         "syntax_reading": syntax_reading(final, PART_OF_SPEECH_ENDPOINT),
         "part_of_speech": {
             text: {"cooperative_z": cooperative_mean(analysis),
-                   "cooperation_effect": (analysis["effects"] or {}).get("cooperation")}
+                   "cooperation_effect": (analysis["effects"] or {}).get("cooperation"),
+                   "cooperative_z_frequency_adjusted": cooperative_mean(adjusted[text]) if adjusted[text] else None}
             for text, result in final.items() if (analysis := result["endpoints"].get(PART_OF_SPEECH_ENDPOINT))
         },
     }

@@ -6,9 +6,10 @@ mean over seeds with its t interval, each effect with its interval, p and permut
 import pandas as pd
 
 from ..scoring.parts_of_speech_tagging import INSTALL_HINT
-from .factorial import CELL_NAMES, EFFECTS, PART_OF_SPEECH_ENDPOINT
+from .factorial import CELL_NAMES, EFFECTS, FREQUENCY_ADJUSTED_ENDPOINT, PART_OF_SPEECH_ENDPOINT
 
-ENDPOINT_NAMES = {"cross_fitted_r": "cross-fitted r", "part_of_speech_z": "part-of-speech z"}
+ENDPOINT_NAMES = {"cross_fitted_r": "cross-fitted r", PART_OF_SPEECH_ENDPOINT: "part-of-speech z",
+                  FREQUENCY_ADJUSTED_ENDPOINT: "part-of-speech z, log-frequency trend removed (not pre-registered)"}
 
 
 def _with_ci(figure: dict, digits: int = 2) -> str:
@@ -109,7 +110,7 @@ def factorial_context(factorial: dict | None, markdown_table) -> dict | None:
                           for text, point in final.items()},
         "final_label": point_label(final[factorial["primary_text"]]) if factorial["primary_text"] in final else None,
         "signs_table": markdown_table(signs_table(points)) if PART_OF_SPEECH_ENDPOINT in endpoints else None,
-        "syntax": {text: {name: _with_ci(figure) for name, figure in figures.items()}
+        "syntax": {text: {name: _with_ci(figure) if figure else "n/a" for name, figure in figures.items()}
                    for text, figures in factorial["verdict"]["part_of_speech"].items()},
         "install_hint": INSTALL_HINT,
     }

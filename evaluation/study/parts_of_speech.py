@@ -73,7 +73,7 @@ def cross_fitted_tower_preference(type_sums, num_towers: int = 2, replicas_per_t
 
 def cross_fitted_function_content_contrast(
     type_sums, type_tags: dict, num_towers: int = 2, replicas_per_tower: int = 4, min_count: int = 10,
-    permutations: int = NUM_PERMUTATIONS, seed: int = 0,
+    permutations: int = NUM_PERMUTATIONS, seed: int = 0, remove_frequency_trend: bool = False,
 ) -> dict:
     """
     One run's contrast d of tower 0 (function-word types minus content-word types, each type weighted equally), z
@@ -84,13 +84,21 @@ def cross_fitted_function_content_contrast(
     Args:
         type_sums: the run's type_sums table or the path of its type_sums.parquet.
         type_tags: {token id: UPOS tag} of the types tagged on the scored text (TypeTags.type_tags()).
+        remove_frequency_trend: first remove from the preference its least-squares line on each type's log count
+            (both halves), since function words are the most frequent types: what is left is not frequency.
     """
-    token_ids, preference = cross_fitted_tower_preference(type_sums, num_towers, replicas_per_tower, min_count)
+    table = read_type_sums(type_sums)
+    token_ids, preference = cross_fitted_tower_preference(table, num_towers, replicas_per_tower, min_count)
     tags = _tags_of(token_ids, type_tags)
     counts = {"num_eligible_types": int(token_ids.size), "num_tagged_types": int((tags != "").sum())}
     if not has_both_groups(tags):
         return {"d_nats": None, "z": None, "p_value": None} | counts
-    return function_content_contrast(preference[0], tags, permutations, seed) | counts
+    tower_0 = preference[0]
+    if remove_frequency_trend:
+        log_count = np.log(table.groupby("token_id")["count"].sum().reindex(token_ids).to_numpy(np.float64))
+        design = np.column_stack([np.ones_like(log_count), log_count])
+        tower_0 = tower_0 - design @ np.linalg.lstsq(design, tower_0, rcond=None)[0]
+    return function_content_contrast(tower_0, tags, permutations, seed) | counts
 
 
 def has_both_groups(tags) -> bool:

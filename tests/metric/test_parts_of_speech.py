@@ -178,6 +178,26 @@ def test_the_contrast_recomputed_from_a_runs_type_sums(tmp_path):
         cross_fitted_tower_preference(table, replicas_per_tower=3)
 
 
+def test_removing_the_frequency_trend_leaves_no_contrast_that_frequency_alone_made():
+    # tower 0 better on frequent types in proportion to their log count, function-word types three times as frequent
+    rng = np.random.default_rng(5)
+    tags = np.repeat(TAGS, TYPES_PER_TAG)
+    occurrences = rng.integers(12, 40, tags.size) * np.where(np.isin(tags, FUNCTION_TAGS), 3, 1)
+    effect = 0.3 * np.log(occurrences) + rng.normal(0.0, 0.05, tags.size)
+    token_ids = np.repeat(np.arange(tags.size), 2 * occurrences)  # as often in each half
+    documents = np.concatenate([np.repeat([0, 1], n) for n in occurrences])
+    rows = [-3.0 + sign * effect[token_ids] / 2 + rng.normal(0.0, 0.3, token_ids.size)
+            for sign in (1.0, -1.0) for _ in range(4)]  # fmt: skip
+    cross_fit = CrossFittedPreference(num_towers=2, replicas_per_tower=4, vocab_size=tags.size)
+    cross_fit.update(token_ids, np.minimum(np.stack(rows), 0.0), documents)
+    type_tags = dict(enumerate(tags.tolist()))
+    plain = cross_fitted_function_content_contrast(cross_fit.type_sums(), type_tags, min_count=5)
+    adjusted = cross_fitted_function_content_contrast(cross_fit.type_sums(), type_tags, min_count=5,
+                                                      remove_frequency_trend=True)
+    assert plain["d_nats"] > 0.25 and plain["z"] > 5
+    assert abs(adjusted["d_nats"]) < 0.03 and adjusted["z"] < 2
+
+
 def test_seeds_contrast_from_type_sums_recovers_a_consistent_sign():
     runs = [dict(zip(("type_sums", "type_tags"), type_sums_of(seed, function_gain=0.8))) for seed in range(3)]
     across = seeds_function_content_contrast(runs, min_count=5, permutations=200)

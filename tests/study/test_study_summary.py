@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from twotower.evaluation.study.factorial import factorial_verdict
 from twotower.evaluation.study.summary import fill_blocks, load_results, render_summary, summary_targets
 from twotower.training.utils.errors import TwoTowerUserError
 
@@ -40,6 +41,27 @@ def test_every_figure_of_the_readme_summary_is_in_the_study_json():
     changed["crossfit"]["verdicts"]["causal_l4"] |= {"cross_seed_r": 0.8, "cross_seed_r_ci": [0.7, 0.9]}
     assert "matched r 0.80 [0.70, 0.90] against 0.02 for unrelated preferences (95th percentile 0.03): above chance, " \
         "largely shared across seeds)." in render_summary(changed, ".", "x")
+
+
+def test_the_2x2_once_every_run_is_kept_gives_its_effects_recurrence_and_syntax_reading():
+    results = copy.deepcopy(load_results(STUDY_DIR))
+    factorial = results["causes"]["factorial"]
+    final = {p["text"]: p for p in factorial["points"] if p["step"] == factorial["final_step"]}
+    factorial |= {"runs_kept": factorial["runs_planned"], "verdict": factorial_verdict(final, factorial["primary_text"])}
+    summary = render_summary(results, "docs/study", "docs/study.md")
+    assert "embedding sharing ([what causes the split](docs/study.md#what-causes-the-split-the-2x2-pre-registered)) " \
+        "answers it at the end of this summary." in summary
+    primary = final[factorial["primary_text"]]
+    interaction = primary["endpoints"]["cross_fitted_r"]["effects"]["interaction"]
+    assert f"*{factorial['verdict']['explanation']}* ({factorial['runs_planned']} of {factorial['runs_planned']} " \
+        f"runs kept) (effects on the cross-fitted r: " in summary
+    assert f"interaction {interaction['value']:.2f} [{interaction['ci'][0]:.2f}, {interaction['ci'][1]:.2f}]" in summary
+    cell = primary["cross_seed"]["cells"]["independent, shared embedding"]
+    assert f"independent, shared embedding, matched r {cell['r']:.2f} [" in summary
+    pos = factorial["verdict"]["part_of_speech"]["gutenberg"]["cooperative_z"]
+    assert f"The paper's syntax/semantics reading (function-word against content-word types, pre-registered): " \
+        f"*{factorial['verdict']['syntax_reading']}*; the cooperative cells' mean part-of-speech z " in summary
+    assert f"{pos['value']:.2f} [{pos['ci'][0]:.2f}, {pos['ci'][1]:.2f}] on gutenberg (cooperation effect " in summary
 
 
 def test_a_document_without_a_block_or_with_an_unknown_one_is_refused(tmp_path):
