@@ -34,7 +34,7 @@ README = REPO_ROOT / "README.md"
 MEASURED = [
     ("a run folder's size, `du -sh` of an --output_dir run", "Killed at any moment, it continues", ("100",)),
     ("`du -s docs/study`, and 12 of the kept per-token tables written as Parquet", "Size: docs/study held",
-     ("1.03", "0.74")),
+     ("1.03", "0.74", "128")),
     ("step times of the training CLI on the 2-core CPU, timed when the grid was sized (no file keeps them)",
      "A pretraining step of 16 x 128 tokens", ("0.24", "0.7")),
     ("probe and pretraining wall times of the training CLI on the 2-core CPU, timed when the grid was sized",

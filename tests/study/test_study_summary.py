@@ -62,6 +62,16 @@ def test_the_2x2_once_every_run_is_kept_gives_its_effects_recurrence_and_syntax_
     assert f"The paper's syntax/semantics reading (function-word against content-word types, pre-registered): " \
         f"*{factorial['verdict']['syntax_reading']}*; the cooperative cells' mean part-of-speech z " in summary
     assert f"{pos['value']:.2f} [{pos['ci'][0]:.2f}, {pos['ci'][1]:.2f}] on gutenberg (cooperation effect " in summary
+    # an interaction is read through the cooperation effect at each embedding level, and the words follow them
+    if factorial["verdict"]["explanation"] == "interaction":
+        separate = results["causes"]["cross_fit_verdicts"]["causal_separate"]["difference"]
+        assert f"{separate['value']:.2f} [{separate['ci'][0]:.2f}, {separate['ci'][1]:.2f}] with separate embeddings" \
+            in summary
+        claim = "cooperation makes the split more reproducible with either embedding"
+        assert (claim in summary) == all(verdict["difference"]["ci"][0] > 0
+                                         for verdict in results["causes"]["cross_fit_verdicts"].values())
+        separate["ci"] = [-0.05, 0.5]
+        assert claim not in render_summary(results, "docs/study", "docs/study.md")
 
 
 def test_a_document_without_a_block_or_with_an_unknown_one_is_refused(tmp_path):
