@@ -98,9 +98,7 @@ class TypeTags:
 
     def type_tags(self) -> dict[int, str]:
         """{token id: UPOS} of the types whose majority tag has at least `threshold` of their occurrences."""
-        table = self.table()
-        tagged = table[table["tagged"]]
-        return dict(zip(tagged["token_id"].tolist(), tagged["tag"].tolist()))
+        return tagged_types(self.table())
 
     def summary(self, token_ids=None) -> dict:
         """The tagging in numbers, over `token_ids` (e.g. the eligible types) or every type seen: types tagged, left
@@ -118,6 +116,12 @@ class TypeTags:
             "num_below_threshold": int((~table["tagged"]).sum()),
             "num_without_tag": num_requested - len(table),
         }
+
+
+def tagged_types(table: pd.DataFrame) -> dict[int, str]:
+    """{token id: UPOS} of the rows of a TypeTags.table() (or its saved copy) marked `tagged`."""
+    tagged = table[table["tagged"]]
+    return dict(zip(tagged["token_id"].tolist(), tagged["tag"].tolist()))
 
 
 def tag_lines(lines, tokenizer, tagger=None, threshold: float = AGREEMENT_THRESHOLD) -> TypeTags:

@@ -62,13 +62,14 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
                 cross_fit = scores.get("cross_fit") or {}
                 tokenizer_file = runs_dir / run["name"] / "tokenizer.json.gz"
                 tags = type_tags_path(runs_dir.parent, text, tokenizer_file) if tokenizer_file.is_file() else None
+                tags = tags.relative_to(runs_dir.parent).as_posix() if tags and tags.is_file() else None
                 rows.append({"run": run["name"], "family": run["family"], "seed": run["seed"],
                              **family_options(study, run["family"]), "num_towers": run["num_towers"],
                              "replicas_per_tower": max(scores["replicas_per_tower"]), "step": point["step"],
                              "multiple": point["step"] / summary["trajectory"][0]["step"], "text": text,
                              "split": split_name(point["step"], text), "min_count": cross_fit.get("min_count"),
                              "cross_fitted_r": cross_fit.get("cross_fitted_r"), "path": path.as_posix(),
-                             "type_tags_path": tags.relative_to(runs_dir.parent).as_posix() if tags and tags.is_file() else None})
+                             "type_tags_path": tags})
     return pd.DataFrame(rows)
 
 

@@ -34,7 +34,7 @@ from twotower.training.data import load_raw_datasets
 from twotower.training.utils.atomic import write_atomically
 
 from ..scoring.cross_fitting import CrossFittedPreference
-from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines, tagger_available
+from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines, tagged_types, tagger_available
 from ..tower_preference.parts_of_speech import (
     CONTENT_TAGS, FUNCTION_TAGS, NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast,
 )
@@ -163,9 +163,7 @@ def kept_type_tags(report_dir, text_name: str, text_path, tokenizer_file) -> dic
         table = tag_text(text_path, tokenizer).table()
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda tmp: table.to_parquet(tmp, index=False))
-    table = pd.read_parquet(path)
-    tagged = table[table["tagged"]]
-    return dict(zip(tagged["token_id"].tolist(), tagged["tag"].tolist()))
+    return tagged_types(pd.read_parquet(path))
 
 
 def _tags_of(token_ids, type_tags: dict) -> np.ndarray:
