@@ -101,6 +101,14 @@ class TwoTowerConfig(PretrainedConfig):
     With `cooperative=False` the towers then share nothing at all (the fully independent control); the cooperative
     model's tied decoder still reads every slice.
 
+    `tower_heads=True` (cooperative models) gives each tower, beside the fusion head, an LM head of its own (its own
+    LayerNorm of the tower's output, then the control's probe-shaped head, untied) and a loss of its own, added to
+    the joint loss (output `tower_loss`). `joint_gradient=False` then stops the joint loss's gradient at the towers'
+    outputs while training: the fusion normalization and head still train on them, the towers learn from their own
+    losses only (and the shared embedding from every loss through its uses outside the towers). Two models that
+    differ only in `joint_gradient` have the same modules, parameters and losses: the joint-gradient experiment of
+    docs/study.md.
+
     Example:
 
     ```python
@@ -135,6 +143,8 @@ class TwoTowerConfig(PretrainedConfig):
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
         separate_embeddings: bool = False,  # bert layout: each tower reads its own slice of the embedding (see above)
+        tower_heads: bool = False,  # cooperative: each tower also has its own LM head and loss (see above)
+        joint_gradient: bool = True,  # False (with tower_heads): the joint loss does not train the towers (see above)
         sparse_prediction: bool = False,  # masked LM given labels: head and loss on the labelled positions only
         probe_replicas: int = 1,  # probes per tower, each with its own initial weights (replica-level statistics)
         probe_type: str = "mlp",  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
@@ -166,6 +176,8 @@ class TwoTowerConfig(PretrainedConfig):
         self.bidirectional = bidirectional
         self.cooperative = cooperative
         self.separate_embeddings = separate_embeddings
+        self.tower_heads = tower_heads
+        self.joint_gradient = joint_gradient
         self.sparse_prediction = sparse_prediction
         self.probe_replicas = probe_replicas
         self.probe_type = probe_type
@@ -250,6 +262,16 @@ class TwoTowerConfig(PretrainedConfig):
             raise ValueError(
                 f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to tower_type='lstm'; drop it for "
                 f"transformer towers (their MLP width is `intermediate_size`)."
+            )
+        if self.tower_heads and not self.cooperative:
+            raise ValueError(
+                "`tower_heads` gives a cooperative model's towers heads of their own; the independent-towers control "
+                "(cooperative=False) has them already: drop tower_heads."
+            )
+        if not self.joint_gradient and not self.tower_heads:
+            raise ValueError(
+                "joint_gradient=False stops the joint loss at the towers, which would then learn nothing: set "
+                "tower_heads=True so that each tower trains on a loss of its own."
             )
         if self.initialization not in INITIALIZATIONS:
             raise ValueError(f"Unknown `initialization` {self.initialization!r}; use one of {list(INITIALIZATIONS)}.")

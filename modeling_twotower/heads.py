@@ -1,7 +1,8 @@
 """
 The LM heads that turn the towers' normalized concatenation into next-token logits: the paper's fusion head, or
 the independent-towers control's per-tower heads. A model holds one of them as `lm_head`, chosen by
-`config.cooperative`; both are called the same way and return (logits, loss).
+`config.cooperative`; both are called the same way and return (logits, loss). A cooperative model with
+`config.tower_heads` also holds `tower_heads`: each tower's own head and loss beside the fusion head.
 """
 
 import math
@@ -87,9 +88,13 @@ class TwoTowerIndependentHeads(nn.Module):
         self.norm = TwoTowerBatchedLayerNorm(config.num_towers, config.probe_hidden_size, config.layer_norm_eps)
         self.decoder = TwoTowerBatchedLinear(config.num_towers, config.probe_hidden_size, config.vocab_size)
 
+    def decoder_inputs(self, features: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> what each tower's decoder reads [towers, batch, seq, probe_hidden_size]
+        return self.norm(self.act_fn(self.dense(features)))
+
     def tower_logprobs(self, features: torch.Tensor) -> torch.Tensor:
         # [towers, batch, seq, hidden] -> each tower's own log-probabilities [towers, batch, seq, vocab]
-        return self.decoder(self.norm(self.act_fn(self.dense(features)))).float().log_softmax(-1)
+        return self.decoder(self.decoder_inputs(features)).float().log_softmax(-1)
 
     def mixture(self, tower_logprobs: torch.Tensor) -> torch.Tensor:
         # the towers' equal-weight mixture, as log-probabilities [batch, seq, vocab]
@@ -129,4 +134,37 @@ class TwoTowerIndependentHeads(nn.Module):
         return self.mixture(tower_logprobs), loss
 
 
-__all__ = ["TwoTowerFusionHead", "TwoTowerIndependentHeads", "keep_positions"]
+class TwoTowerTowerHeads(nn.Module):
+    """
+    Each tower's own LM head beside a cooperative model's fusion head (`config.tower_heads`): the tower's output
+    through a LayerNorm of its own (no statistic shared between towers, unlike the fusion's), then the control's
+    probe-shaped head. Its loss is the sum over towers of each tower's own token-mean cross-entropy, computed piece
+    by piece without the logits (`linear_cross_entropy`); each tower's loss reaches that tower only.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
+        self.heads = TwoTowerIndependentHeads(config)
+
+    def tower_logprobs(self, tower_hidden_states: torch.Tensor) -> torch.Tensor:
+        # [towers, batch, seq, hidden] -> each tower's own log-probabilities [towers, batch, seq, vocab]
+        return self.heads.tower_logprobs(self.norm(tower_hidden_states))
+
+    def forward(
+        self,
+        tower_hidden_states: torch.Tensor,
+        target_ids: torch.LongTensor,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
+        """The summed loss of the towers' own heads: tower_hidden_states [towers, batch, seq, hidden], target_ids
+        [batch, seq] (-100 for none); each tower's loss is a token mean, or a sum divided by `num_items_in_batch`."""
+        decoder_inputs = self.heads.decoder_inputs(self.norm(tower_hidden_states))
+        decoder = self.heads.decoder  # weight [towers, in, vocab]: tower t's as a Linear weight is weight[t].T
+        return sum(
+            linear_cross_entropy(inputs, decoder.weight[tower].t(), decoder.bias[tower], target_ids, num_items_in_batch)
+            for tower, inputs in enumerate(decoder_inputs)
+        )
+
+
+__all__ = ["TwoTowerFusionHead", "TwoTowerIndependentHeads", "TwoTowerTowerHeads", "keep_positions"]

@@ -28,7 +28,7 @@ from .checkpoint_checks import check_weights_fit_config, warn_non_finite_weights
 from .configuration_twotower import TwoTowerConfig
 from .embeddings import tower_embeddings
 from .fusion import tower_fusion
-from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads
+from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads, TwoTowerTowerHeads
 from .input_checks import check_label_values, check_labels, check_inputs, check_skip_logits, warn_if_no_target
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
@@ -54,9 +54,13 @@ class TwoTowerCausalLMOutputWithPast(CausalLMOutputWithPast):
     r"""
     tower_hidden_states (`torch.FloatTensor` of shape `[num_towers, batch, seq, hidden]`, *optional*):
         Each tower's own final hidden states before fusion, returned with `output_tower_hidden_states=True`.
+    tower_loss (`torch.FloatTensor` of shape `()`, *optional*):
+        With `config.tower_heads` and labels: the summed loss of the towers' own heads, included in `loss` (the
+        joint model's loss is `loss - tower_loss`).
     """
 
     tower_hidden_states: torch.FloatTensor | None = None
+    tower_loss: torch.FloatTensor | None = None
 
 
 class TwoTowerPreTrainedModel(PreTrainedModel):
@@ -176,8 +180,10 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
             tower_inputs, inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=given_position_ids,
             cache=cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
+        # joint_gradient=False: the fusion and what reads it train on the towers' outputs, the towers not on them
+        fusion_inputs = tower_states.detach() if self.training and not self.config.joint_gradient else tower_states
         return TwoTowerModelOutputWithPast(
-            last_hidden_state=self.fusion(tower_states),
+            last_hidden_state=self.fusion(fusion_inputs),
             cache=cache if use_cache else None,
             hidden_states=(embeddings, *tower_layer_states) if output_hidden_states else None,
             attentions=tower_attentions,
@@ -210,6 +216,7 @@ class TwoTowerLMHeadModel(TwoTowerTokenScoring, TwoTowerPreTrainedModel):
         super().__init__(config)
         self.model = TwoTowerModel(config, bidirectional=self.towers_bidirectional)
         self.lm_head = TwoTowerFusionHead(config) if config.cooperative else TwoTowerIndependentHeads(config)
+        self.tower_heads = TwoTowerTowerHeads(config) if config.tower_heads else None
         self.probes = TwoTowerProbes(config, config.probe_replicas, config.probe_type)
         self.post_init()
 
@@ -219,6 +226,29 @@ class TwoTowerLMHeadModel(TwoTowerTokenScoring, TwoTowerPreTrainedModel):
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
+
+    def lm_output(self, outputs, logits, loss, target_ids, num_items_in_batch, output_tower_hidden_states: bool):
+        """
+        The LM output: the head's logits and loss with what the base model returned; with `config.tower_heads` and
+        targets (`target_ids` [batch, seq], -100 for none), the towers' own loss added to the joint one.
+        """
+        tower_states, tower_loss = outputs.tower_hidden_states, None
+        if self.tower_heads is not None and target_ids is not None:
+            counted = target_ids.ne(-100)  # the heads' vocabulary projection on the predicting positions only
+            tower_loss = self.tower_heads(tower_states[:, counted], target_ids[counted], num_items_in_batch)
+            loss = loss + tower_loss
+        return TwoTowerCausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            tower_hidden_states=tower_states if output_tower_hidden_states else None,
+            tower_loss=tower_loss,
+        )
+
+    def _needs_tower_states(self, labels, output_tower_hidden_states: bool) -> bool:
+        return output_tower_hidden_states or (self.tower_heads is not None and labels is not None)
 
     def joint_logits(self, features: torch.Tensor) -> torch.Tensor:
         """
@@ -336,16 +366,17 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            output_tower_hidden_states=output_tower_hidden_states,
+            output_tower_hidden_states=self._needs_tower_states(labels, output_tower_hidden_states),
             return_dict=True,
         )
         target_ids = None if labels is None else _next_token_targets(labels)
+        num_items_in_batch = kwargs.get("num_items_in_batch")
         if target_ids is not None:
-            warn_if_no_target(target_ids, kwargs.get("num_items_in_batch"))
+            warn_if_no_target(target_ids, num_items_in_batch)
         logits, loss = self.lm_head(
-            outputs.last_hidden_state, target_ids, logits_to_keep, kwargs.get("num_items_in_batch"), skip_logits
+            outputs.last_hidden_state, target_ids, logits_to_keep, num_items_in_batch, skip_logits
         )
-        return lm_output(outputs, logits, loss)
+        return self.lm_output(outputs, logits, loss, target_ids, num_items_in_batch, output_tower_hidden_states)
 
     def probe_logprobs(
         self,
@@ -383,18 +414,6 @@ def _local_folder(pretrained_model_name_or_path, from_pretrained_kwargs: dict) -
         return None
     folder = Path(pretrained_model_name_or_path) / from_pretrained_kwargs.get("subfolder", "")
     return folder if folder.is_dir() else None
-
-
-def lm_output(outputs: TwoTowerModelOutputWithPast, logits, loss) -> TwoTowerCausalLMOutputWithPast:
-    """The LM classes' output: the head's logits and loss with what the base model returned."""
-    return TwoTowerCausalLMOutputWithPast(
-        loss=loss,
-        logits=logits,
-        cache=outputs.cache,
-        hidden_states=outputs.hidden_states,
-        attentions=outputs.attentions,
-        tower_hidden_states=outputs.tower_hidden_states,
-    )
 
 
 def _next_token_targets(labels: torch.LongTensor) -> torch.LongTensor:
@@ -444,21 +463,22 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
             use_cache=False,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            output_tower_hidden_states=output_tower_hidden_states,
+            output_tower_hidden_states=self._needs_tower_states(labels, output_tower_hidden_states),
             return_dict=True,
         )
-        hidden_states = outputs.last_hidden_state
+        hidden_states, head_labels = outputs.last_hidden_state, labels
+        num_items_in_batch = kwargs.get("num_items_in_batch")
         if labels is not None:
-            warn_if_no_target(labels, kwargs.get("num_items_in_batch"))
+            warn_if_no_target(labels, num_items_in_batch)
         if self.config.sparse_prediction and labels is not None:
             # ModernBERT's sparse prediction: the head's vocabulary projection, the bulk of a small model's compute,
             # runs on the labelled positions only (15% of them in BERT-style masking); the loss is the same
             labelled = labels != -100
-            hidden_states, labels = hidden_states[labelled].unsqueeze(0), labels[labelled].unsqueeze(0)
-        logits, loss = self.lm_head(hidden_states, labels, 0, kwargs.get("num_items_in_batch"), skip_logits)
+            hidden_states, head_labels = hidden_states[labelled].unsqueeze(0), labels[labelled].unsqueeze(0)
+        logits, loss = self.lm_head(hidden_states, head_labels, 0, num_items_in_batch, skip_logits)
         if self.config.sparse_prediction and logits is not None and labels is not None:
             logits = logits[0]  # [labelled positions, vocab]
-        return lm_output(outputs, logits, loss)
+        return self.lm_output(outputs, logits, loss, labels, num_items_in_batch, output_tower_hidden_states)
 
     def probe_logprobs(
         self,

@@ -151,6 +151,14 @@ class TwoTowerTrainingConfig(DataArguments):
         None, "bert layout: each tower its own slice of the embedding (with cooperative false, towers that share no"
         " parameter at all)",
     )
+    tower_heads: bool | None = option(
+        None, "cooperative: each tower also its own LM head and loss, added to the joint loss (the joint-gradient "
+        "experiment)",
+    )
+    joint_gradient: bool | None = option(
+        None, "False (with tower_heads true): the joint loss's gradient stops at the towers' outputs, so the towers "
+        "learn from their own heads' losses only",
+    )
     sparse_prediction: bool | None = option(
         None, "masked objective: the LM head runs on the masked positions only (the same loss; ~1.5x faster steps "
         "for the tiny preset's 4096-token vocabulary)",
@@ -423,7 +431,7 @@ class TwoTowerTrainingConfig(DataArguments):
         """The model fields set in this config, to apply over `model_preset`."""
         names = ("layout", "num_towers", "tower_type", "hidden_size", "num_hidden_layers", "num_attention_heads")
         names += ("intermediate_size", "lstm_hidden_size", "embedding_size", "cooperative", "separate_embeddings",
-                  "max_position_embeddings")
+                  "tower_heads", "joint_gradient", "max_position_embeddings")
         names += ("hidden_dropout", "attention_dropout", "initialization", "sparse_prediction")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 

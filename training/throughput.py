@@ -40,7 +40,7 @@ def matmul_weights(module: nn.Module) -> int:
 def flops_per_token(model, block_size: int, phase: str) -> float:
     """
     Model FLOPs to train on one token, nanoGPT's estimate (PaLM appendix B), counted on the built two-tower LM
-    `model`: 6 per matmul weight for forward + backward (the tied decoder once, as lm_head), plus what its tower
+    `model`: 6 per matmul weight for forward + backward (the tied decoder once, as lm_head; the towers' own heads where the config has them), plus what its tower
     stack declares beyond its weights (`TowerStack.extra_flops_per_token`: attention scores over `block_size`). In
     the probe phase the frozen towers ran once, before training, to cache their features, so a step trains only the
     probes: 6 per weight of every probe (each replica of each tower), per cached position.
@@ -48,6 +48,8 @@ def flops_per_token(model, block_size: int, phase: str) -> float:
     if phase == "probe":
         return 6 * matmul_weights(model.probes)
     trained = matmul_weights(model.model) + matmul_weights(model.lm_head)
+    if model.tower_heads is not None:  # `tower_heads`: each tower's own head and loss beside the joint one
+        trained += matmul_weights(model.tower_heads)
     return 6 * trained + model.model.towers.extra_flops_per_token(block_size)
 
 

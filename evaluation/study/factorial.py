@@ -71,6 +71,7 @@ class KeptPoint:
     text: str
     step: int
     type_tags: dict | None = None  # {token id: UPOS} of the scored text for the run's tokenizer, where tagged
+    type_tag_table: pd.DataFrame | None = None  # where given, the tags as kept (TypeTags.table()): any threshold
 
     @property
     def scores(self) -> dict:

@@ -143,7 +143,7 @@ def _aligned_correlation(a, b, types=None):
     return matched_correlation(a, b)[0]
 
 
-def cross_seed(runs: list[RunTypes]) -> dict | None:
+def cross_seed(runs: list[RunTypes], null_permutations: int = NULL_PERMUTATIONS) -> dict | None:
     """
     The matched correlation of per-type preferences between seeds (mean over seed pairs), its interval (resampling
     seed pairs and shared types), and its null: the same tower matching between one run's preferences and the other
@@ -161,7 +161,7 @@ def cross_seed(runs: list[RunTypes]) -> dict | None:
         )
     null = np.array([
         np.mean([_aligned_correlation(a, b[:, rng.permutation(b.shape[1])]) for a, b, _ in pairs])
-        for _ in range(NULL_PERMUTATIONS)
+        for _ in range(null_permutations)
     ])
     return {
         "r": float(np.mean([r for _, _, r in pairs])),
