@@ -24,7 +24,7 @@ from transformers.utils import can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, split_towers
-from .checkpoint_checks import check_weights_fit_config, warn_non_finite_weights
+from .checkpoint_checks import check_weights_fit_config, loaded_weight_files, warn_non_finite_weights
 from .configuration_twotower import TwoTowerConfig
 from .embeddings import tower_embeddings
 from .fusion import tower_fusion
@@ -94,7 +94,7 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
             config, _ = cls.config_class.from_pretrained(
                 config or pretrained_model_name_or_path, return_unused_kwargs=True, **other_kwargs
             )
-        check_weights_fit_config(cls, config, sorted(folder.glob("*.safetensors")), key_mapping)
+        check_weights_fit_config(cls, config, loaded_weight_files(folder), key_mapping)
 
     def _init_weights(self, module):
         if isinstance(module, KindInitialized):  # after its children: what a tower kind draws its own way

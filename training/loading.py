@@ -8,7 +8,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig
 
 from modeling_twotower import TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
-from modeling_twotower.checkpoint_checks import check_weights_fit_config
+from modeling_twotower.checkpoint_checks import check_weights_fit_config, loaded_weight_files
 
 from .arguments import RESOLVED_CONFIG_NAME
 from .utils.errors import TwoTowerUserError
@@ -64,8 +64,7 @@ def load_two_tower_config(model_dir, option: str = "--model_dir", saved_by: str 
             f"{TwoTowerConfig.model_type!r}); pass a folder that a {saved_by} run saved (OUTPUT_DIR/model)."
         )
     try:
-        weight_files = sorted(Path(model_dir).glob("*.safetensors"))
-        check_weights_fit_config(MODEL_CLASSES[objective_of(config)], config, weight_files)
+        check_weights_fit_config(MODEL_CLASSES[objective_of(config)], config, loaded_weight_files(model_dir))
     except TwoTowerCheckpointError as error:
         raise TwoTowerUserError(str(error)) from error
     return config
@@ -91,7 +90,7 @@ def load_two_tower(model_dir, dtype: torch.dtype = torch.float32, option: str = 
     config = load_two_tower_config(model_dir, option, saved_by="probe" if trained_probes else "pretrain")
     if trained_probes:
         _check_probes_trained(config, model_dir)
-    check_weight_files(sorted(Path(model_dir).glob("*.safetensors")))
+    check_weight_files(loaded_weight_files(model_dir))
     model = MODEL_CLASSES[objective_of(config)].from_pretrained(model_dir, dtype=dtype).eval()
     overflowed = next((name for name, tensor in model.state_dict().items() if not tensor.isfinite().all()), None)
     if overflowed is not None:  # the files are finite: a cast to a narrower dtype overflowed
