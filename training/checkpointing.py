@@ -10,7 +10,6 @@ accelerate loads them. A resumed run must match the checkpoint's options and dat
 """
 
 import dataclasses
-import glob
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import yaml
 from accelerate.utils import RNG_STATE_NAME
 
 from .arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig, save_config
+from .data import data_file_paths
 from .utils.atomic import (
     RUN_AGAIN,
     apply_umask_to_folder,
@@ -232,10 +232,12 @@ def _data_files(spec: str) -> list[str]:
     """
     The files of a --train_file/--validation_file (a file, a folder of .txt files or a glob), as data.py's
     resolve_text_files finds them, without its read of every file: the fingerprint is taken at every checkpoint.
+    Files gone since the run started are none (their change is named against the checkpoint's fingerprint).
     """
-    path = Path(spec).expanduser()
-    pattern = path / "*.txt" if path.is_dir() else path
-    return sorted(glob.glob(str(pattern)))
+    try:
+        return [str(path) for path in data_file_paths(spec)]
+    except FileNotFoundError:
+        return []
 
 
 def data_fingerprint(config: TwoTowerTrainingConfig) -> dict[str, dict]:

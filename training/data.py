@@ -23,21 +23,36 @@ SENTENCE_END_MARKS = (".", "!", "?")  # the reference's sentence ends: ids 1012,
 TEXT_CHECK_CHUNK = 1 << 20  # bytes read at a time when checking that a data file is UTF-8 text
 
 
-def resolve_text_files(spec: str) -> list[str]:
-    """A .txt file, a folder (its *.txt files) or a glob -> sorted list of files, each checked to be UTF-8 text."""
+def data_file_paths(spec: str) -> list[Path]:
+    """
+    A .txt file, a folder (its *.txt files) or a glob -> sorted list of files. A path that exists is that path even
+    when its name reads as a glob (`a[1].txt` is the file of that name, never `a1.txt`); only a path that does not
+    exist is matched as a glob.
+    """
     path = Path(spec).expanduser()
     if path.is_dir():
         files = sorted(path.glob("*.txt"))
-    elif glob.has_magic(spec):
-        files = sorted(Path(match) for match in glob.glob(str(path)))
-    elif path.is_file():
-        files = [path]
-    else:
+        if not files:
+            raise FileNotFoundError(f"No .txt files found in the data folder {spec!r}; pass a folder of .txt files.")
+        return files
+    if path.is_file():
+        return [path]
+    if not glob.has_magic(str(path)):
         raise FileNotFoundError(
             f"Data file {spec!r} does not exist; pass a .txt file, a folder of .txt files or a glob."
         )
+    files = sorted(Path(match) for match in glob.glob(str(path)) if Path(match).is_file())
     if not files:
-        raise FileNotFoundError(f"No .txt files found for {spec!r}.")
+        raise FileNotFoundError(
+            f"No file matches the glob {spec!r} (and no file has that name); pass a .txt file, a folder of .txt files "
+            "or a glob that matches files."
+        )
+    return files
+
+
+def resolve_text_files(spec: str) -> list[str]:
+    """A .txt file, a folder (its *.txt files) or a glob -> sorted list of files, each checked to be UTF-8 text."""
+    files = data_file_paths(spec)
     empty = [str(file) for file in files if file.stat().st_size == 0]
     if empty:
         raise TwoTowerUserError(f"Empty data file(s): {empty}; remove them or point to files with text.")
@@ -95,8 +110,10 @@ def load_raw_datasets(
         data_files = {"train": resolve_text_files(train_file)}
         if validation_file is not None:
             data_files["validation"] = resolve_text_files(validation_file)
-        # Line breaks are kept so that byte-level tokenizers can learn and predict them.
-        return load_dataset("text", data_files=data_files, keep_linebreaks=True)
+        # datasets matches every data file as a glob: escaped, each names only itself. Line breaks are kept so that
+        # byte-level tokenizers can learn and predict them.
+        escaped = {split: [glob.escape(file) for file in files] for split, files in data_files.items()}
+        return load_dataset("text", data_files=escaped, keep_linebreaks=True)
     try:
         raw_datasets = load_dataset(dataset_name, dataset_config_name)
     except (ConnectionError, DatasetNotFoundError) as error:
