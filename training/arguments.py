@@ -23,6 +23,7 @@ from .data import BLOCK_FORMATS
 from .utils.errors import TwoTowerUserError
 from .utils.options import Bounds, OptionsParser, above, at_least, check_ranges, check_types_and_choices, closest_name
 from .utils.options import convert_values, option
+from .utils.recipe_files import RECIPE_SUFFIXES, read_recipe_file
 from .objectives import OBJECTIVES
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
@@ -438,11 +439,12 @@ class TwoTowerTrainingConfig(DataArguments):
 
 def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR, extended_by: Path | None = None) -> Path:
     """
-    A recipe name (`tiny`) is a file of recipes_dir; anything else is a path to a YAML file. `extended_by`: the
-    recipe whose `extends` names it, for the error.
+    A file that exists is that recipe (YAML, or JSON when its name ends in .json); a name ending in .yaml, .yml or
+    .json is a path; any other name (`tiny`) is a file of recipes_dir. `extended_by`: the recipe whose `extends`
+    names it, for the error.
     """
-    path = Path(recipe)
-    if path.suffix not in (".yaml", ".yml"):
+    path = Path(recipe).expanduser()
+    if not path.is_file() and path.suffix not in RECIPE_SUFFIXES:
         path = recipes_dir / f"{recipe}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in recipes_dir.glob("*.yaml"))
@@ -455,10 +457,7 @@ def resolve_recipe_path(recipe: str, recipes_dir: Path = RECIPES_DIR, extended_b
 
 def _recipe_file_values(path: Path, fields: list[str], config_name: str) -> dict:
     """The options one recipe file sets, as written (its `extends` not yet followed), checked against `fields`."""
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as error:
-        raise TwoTowerUserError(f"Recipe {path} is not valid YAML ({' '.join(str(error).split())}); fix it.") from error
+    values = read_recipe_file(path) or {}
     if not isinstance(values, dict):
         raise TwoTowerUserError(f"Recipe {path} holds a {type(values).__name__}; write one `option: value` per line.")
     values = {name: value for name, value in values.items() if name not in RUN_RECORDS}
@@ -474,8 +473,8 @@ def _recipe_file_values(path: Path, fields: list[str], config_name: str) -> dict
 def read_recipe(recipe: str, config_class=TwoTowerTrainingConfig, recipes_dir: Path = RECIPES_DIR) -> dict:
     """
     The options a recipe sets, checked against the fields of `config_class`. A recipe may start from another with
-    `extends: PARENT` (a recipe name of recipes_dir, or a YAML path beside it): the parent's options, resolved the
-    same way, overridden by the recipe's own.
+    `extends: PARENT` (a recipe name of recipes_dir, or a YAML or JSON path beside it): the parent's options, resolved
+    the same way, overridden by the recipe's own.
     """
     return _read_extended_recipe(recipe, config_class, recipes_dir, chain=())
 
@@ -493,7 +492,7 @@ def _read_extended_recipe(recipe: str, config_class, recipes_dir: Path, chain: t
         return values
     if not isinstance(parent, str) or not parent.strip():
         raise TwoTowerUserError(f"Recipe {path} sets `extends: {parent!r}`; name one recipe (e.g. `extends: tiny`).")
-    if Path(parent).suffix in (".yaml", ".yml"):
+    if Path(parent).suffix in RECIPE_SUFFIXES:
         parent = str(path.parent / parent)
     inherited = _read_extended_recipe(parent, config_class, recipes_dir, (*chain, path))
     return {**inherited, **values}

@@ -1,6 +1,6 @@
 """
-A study recipe (evaluation/study/recipes/*.yaml, or any YAML path) as a StudyConfig: the texts, the model families
-and their controls, the grid of runs, the trajectory and the options laid over every pretraining, probe run and
+A study recipe (evaluation/study/recipes/*.yaml, or any YAML or JSON path) as a StudyConfig: the texts, the model
+families and their controls, the grid of runs, the trajectory and the options laid over every pretraining, probe run and
 scoring; every option checked when the recipe loads, before hours of training.
 """
 
@@ -8,10 +8,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from twotower.training.arguments import read_recipe, resolve_recipe_path
 from twotower.training.utils.errors import TwoTowerUserError
+from twotower.training.utils.recipe_files import read_recipe_file
 
 from ..scoring.score import ScoringArguments
 from .names import check_recipe_names
@@ -150,9 +149,9 @@ class StudyRun:
 
 
 def load_study_config(recipe: str) -> StudyConfig:
-    """A study recipe name (evaluation/study/recipes) or a YAML path -> StudyConfig."""
+    """A study recipe name (evaluation/study/recipes) or a YAML or JSON path -> StudyConfig."""
     path = resolve_recipe_path(recipe, STUDY_RECIPES_DIR)
-    if "probe_seed_offset" in (yaml.safe_load(path.read_text()) or {}):
+    if "probe_seed_offset" in (read_recipe_file(path) or {}):
         raise TwoTowerUserError(
             f"{path} sets `probe_seed_offset`, which the study no longer has: instead of a second probe set trained "
             "with another seed, each run trains one probe run with several probe replicas per tower, and the noise "
