@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from modeling_twotower.configuration_twotower import (
     TwoTowerConfig,
 )
 
+from .hub import check_repo_id
 from .utils.atomic import write_text_atomically
 from .data import BLOCK_FORMATS
 from .utils.errors import TwoTowerUserError
@@ -41,7 +41,6 @@ RUN_RECORDS = ("optimizer", "probe_runs")  # what a run writes about itself into
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
                  "inverse_sqrt")
 TRACKERS = (*(tracker.value for tracker in LoggerType), "none")
-HUB_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 MAX_SEED = 2**32 - 1  # numpy's seed range, which set_seed also seeds
 BYTE_LEVEL_ALPHABET = 256  # a trained BPE holds every byte, plus its special tokens
 @dataclass
@@ -365,10 +364,8 @@ class TwoTowerTrainingConfig(DataArguments):
         self._check_model()
         if self.push_to_hub and not self.hub_model_id:
             raise TwoTowerUserError("`--push_to_hub` needs `--hub_model_id user/name`.")
-        if self.hub_model_id is not None and not HUB_REPO_ID.fullmatch(self.hub_model_id):
-            raise TwoTowerUserError(
-                f"`hub_model_id` is {self.hub_model_id!r}; pass `user/name` (letters, digits, '-', '_' and '.')."
-            )
+        if self.hub_model_id is not None:
+            check_repo_id(self.hub_model_id, "`hub_model_id`")
 
     def _check_block_format(self):
         if self.block_format == "sentence_pairs" and self.phase == "pretrain" and self.tokenizer_name_or_path is None:

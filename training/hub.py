@@ -1,15 +1,17 @@
 """Upload a folder (a model repository or a Space) to the Hugging Face Hub with huggingface_hub.
 
-The token comes from huggingface_hub's standard resolution (HF_TOKEN, then the cached `hf auth login`); this
-module never reads, logs or prints it.
+Every upload's target is checked before any work, with the same rules for a model, the metric's Space and the
+study's dataset (`check_hub_target`): the repository id as the Hub accepts it, the offline mode (which forbids the
+upload), and the token. The token comes from huggingface_hub's standard resolution (HF_TOKEN, then the cached
+`hf auth login`); this module never reads, logs or prints it.
 """
 
 import os
 from pathlib import Path
-import sys
 
 from huggingface_hub import HfApi, get_token, is_offline_mode
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
 from .utils.errors import TwoTowerUserError
 
@@ -20,17 +22,47 @@ class HubTokenError(TwoTowerUserError, RuntimeError):
     """No usable Hugging Face token (a RuntimeError too, as callers have long caught it)."""
 
 
-def check_hub_token() -> None:
+def check_repo_id(repo_id, option: str) -> None:
+    """`repo_id` as the Hub accepts a repository id, `owner/name` (huggingface_hub's validate_repo_id, with the owner
+    required: without one the upload would go to whichever account the token belongs to)."""
+    problem = None
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+        problem = "it must be `user/name` (or `organization/name`), one slash"
+    else:
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as error:
+            problem = " ".join(str(error).split())
+    if problem is not None:
+        raise TwoTowerUserError(
+            f"{option} is {repo_id!r}; pass `user/name` (letters, digits, '-', '_' and '.'), a repository id the Hub "
+            f"accepts: {problem}."
+        )
+
+
+def check_hub_target(repo_id, option: str, offline_fix: str) -> None:
     """
-    Fail before training, not after it: a token must exist and, online, the Hub must accept it (`whoami`) with
-    write access. Offline (HF_HUB_OFFLINE=1) the Hub cannot be asked: only the token's presence is checked.
+    Before any work, what an upload to `repo_id` needs: a repository id the Hub accepts, the Hub not switched off
+    (HF_HUB_OFFLINE=1 forbids every request; `offline_fix` says how to do without the upload), and a token the Hub
+    accepts with write access (`check_hub_token`).
+    """
+    check_repo_id(repo_id, option)
+    check_hub_token(option, offline_fix)
+
+
+def check_hub_token(option: str = "--push_to_hub", offline_fix: str = "upload once online") -> None:
+    """
+    Fail before the work, not after it: a token must exist, the Hub must not be switched off (HF_HUB_OFFLINE), and
+    it must accept the token (`whoami`) with write access.
     """
     token = get_token()
     if token is None:
-        raise HubTokenError("--push_to_hub needs a Hugging Face token: run `hf auth login` or set HF_TOKEN.")
+        raise HubTokenError(f"{option} needs a Hugging Face token: run `hf auth login` or set HF_TOKEN.")
     if is_offline_mode():
-        print("note: HF_HUB_OFFLINE is set, so the Hugging Face token was not checked with the Hub.", file=sys.stderr)
-        return
+        raise HubTokenError(
+            f"{option} uploads to the Hub, but HF_HUB_OFFLINE is set, which forbids any request to it: unset "
+            f"HF_HUB_OFFLINE to upload, or {offline_fix}."
+        )
     try:
         identity = HfApi().whoami(token=token)
     except HfHubHTTPError as error:
@@ -43,7 +75,7 @@ def check_hub_token() -> None:
     except Exception as error:  # the network: DNS, connection, timeout (huggingface_hub's HTTP client's own types)
         raise HubTokenError(
             f"Could not reach the Hub to check the Hugging Face token ({type(error).__name__}: {error}); check the "
-            "network, or set HF_HUB_OFFLINE=1 to skip the check (the upload still needs the network)."
+            "network and run again (the upload needs it)."
         ) from error
     if identity.get("auth", {}).get("accessToken", {}).get("role") == "read":
         raise HubTokenError(

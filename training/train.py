@@ -48,7 +48,7 @@ from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_che
 from .compilation import draw_random_eagerly_on_cpu
 from .utils.collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping
-from .hub import check_hub_token, push_to_hub
+from .hub import check_hub_target, push_to_hub
 from .launch_checks import check_launch, resolve_mixed_precision
 from .library_notices import quiet_inapplicable_notices
 from .phases import make_phase, trained_state_dict
@@ -266,7 +266,9 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
     objective = phase.resolve_objective(model_config)
     check_named_tokenizer(config)
     if config.push_to_hub:
-        check_hub_token()
+        check_hub_target(config.hub_model_id, "--push_to_hub --hub_model_id",
+                         "drop --push_to_hub and upload the saved model later with "
+                         "`python -m twotower.evaluation.publishing.publish`")
     mixed_precision, precision_source = resolve_mixed_precision(config)
 
     # Initialize the accelerator; the seedable sampler makes the data order a function of (seed, epoch)

@@ -34,7 +34,7 @@ from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.hub import describe_folder, push_to_hub
+from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
 from .model_folder import find_pretrain_config, read_json, read_yaml, short_path
 from twotower.training.tokenizer import LOADING_FLAGS
@@ -165,8 +165,10 @@ def publish_model(
     **card_options,
 ) -> dict:
     """Stage the model repository, then upload it unless `dry_run`; returns {"folder", "files", "commit_url"}."""
-    if repo_id.count("/") != 1:
-        raise TwoTowerUserError(f"--repo_id {repo_id!r} must be `user/name` (or `organization/name`).")
+    if dry_run:
+        check_repo_id(repo_id, "--repo_id")
+    else:  # before staging: an upload that cannot happen is refused first
+        check_hub_target(repo_id, "--repo_id", "pass --dry-run to stage it without uploading")
     folder = stage_model_repo(model_dir, output_dir, repo_id, report_dir, revision=revision, **card_options)
     files = describe_folder(folder)
     commit_url = None

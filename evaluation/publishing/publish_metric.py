@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 import modeling_twotower
-from twotower.training.hub import describe_folder, upload_parts
+from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, upload_parts
 from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
@@ -92,7 +92,8 @@ def publish_metric(
 ) -> dict:
     """Upload the Space's files from where they are, or with `dry_run` stage them into OUTPUT_DIR/tower_preference
     and upload nothing; returns {"folder" (the staged one, None without a dry run), "files", "commit_url"}."""
-    if repo_id.count("/") != 1 or repo_id.split("/")[1] != METRIC_NAME:
+    check_repo_id(repo_id, "--repo_id")
+    if repo_id.split("/")[1] != METRIC_NAME:
         raise TwoTowerUserError(
             f"--repo_id {repo_id!r} must be `user/{METRIC_NAME}`: evaluate.load finds the script by the Space's name."
         )
@@ -101,6 +102,7 @@ def publish_metric(
             raise TwoTowerUserError("--dry-run stages the Space for inspection: pass --output_dir too.")
         folder = stage_metric_space(output_dir)
         return {"folder": str(folder), "files": describe_folder(folder), "commit_url": None}
+    check_hub_target(repo_id, "--repo_id", "pass --dry-run --output_dir DIR to stage it without uploading")
     check_space_files()
     commit_url = upload_parts(
         repo_id, SPACE_PARTS, repo_type="space", space_sdk=SPACE_SDK,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from twotower.training.arguments import load_config
-from twotower.training.hub import describe_folder, push_to_hub
+from twotower.training.hub import check_repo_id, describe_folder, push_to_hub
 from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 
@@ -117,8 +117,7 @@ def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
 
 def push_study_dataset(report_dir: Path, repo_id: str, staging_dir: Path, dry_run: bool = False) -> dict:
     """Stage the dataset repository, then upload it (huggingface_hub's upload_folder) unless `dry_run`."""
-    if repo_id.count("/") != 1:
-        raise TwoTowerUserError(f"--push_to_hub {repo_id!r} must be `user/name` (or `organization/name`).")
+    check_repo_id(repo_id, "--push_to_hub")
     folder = stage_dataset(report_dir, staging_dir)
     commit_url = None
     if not dry_run:

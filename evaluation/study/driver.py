@@ -48,6 +48,7 @@ from safetensors.torch import load_file
 from twotower.training.arguments import load_config
 from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
 from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
+from twotower.training.hub import check_hub_target, check_repo_id
 from twotower.training.objectives import objective_of
 from twotower.training.run_folder import continuation_options, read_eval_history
 from twotower.training.tokenizer import load_tokenizer
@@ -474,6 +475,10 @@ def main(argv=None):
     report_path = run_study(
         args.recipe, args.data_dir, args.output_dir, args.report_dir, args.runs, args.aggregate_only, command
     )
+    if args.push_to_hub and args.dry_run:
+        check_repo_id(args.push_to_hub, "--push_to_hub")
+    elif args.push_to_hub:  # before the runs and the aggregation: an upload that cannot happen is refused first
+        check_hub_target(args.push_to_hub, "--push_to_hub", "pass --dry-run to stage the dataset without uploading it")
     verdicts = json.loads((Path(report_path).parent / STUDY_JSON).read_text())["verdicts"]
     print(f"Wrote {report_path}; in short:", *summary_lines(verdicts), sep="\n")
     if args.push_to_hub:

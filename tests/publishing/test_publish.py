@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+import huggingface_hub
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from huggingface_hub.utils import filter_repo_objects
@@ -378,10 +379,14 @@ def test_an_installed_wheel_publishes_with_its_own_model_card_template(trained_r
 
 @pytest.fixture
 def mocked_hub(monkeypatch):
-    """HfApi's network calls replaced by mocks; a fake token in the environment."""
+    """HfApi's network calls replaced by mocks, online (the suite runs with HF_HUB_OFFLINE=1, which forbids uploads),
+    with a fake token that the mocked Hub accepts with write access."""
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     commit = SimpleNamespace(commit_url=f"https://huggingface.co/{REPO_ID}/commit/0123abcd")
+    writer = {"name": "someone", "auth": {"accessToken": {"role": "write"}}}
     with (
+        mock.patch.object(HfApi, "whoami", return_value=writer),
         mock.patch.object(HfApi, "create_repo") as create_repo,
         mock.patch.object(HfApi, "create_branch") as create_branch,
         mock.patch.object(HfApi, "upload_folder", return_value=commit) as upload_folder,

@@ -41,11 +41,12 @@ def test_every_kept_table_loads_by_run_and_split(kept_study):
 def test_the_upload_goes_through_upload_folder_as_a_dataset(kept_study, tmp_path, monkeypatch):
     report_dir, _ = kept_study
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the token's presence is checked, not the token
     commit = mock.Mock(commit_url="https://huggingface.co/datasets/someone/study/commit/1")
+    writer = {"name": "someone", "auth": {"accessToken": {"role": "write"}}}  # the Hub accepts the token
     with mock.patch.object(HfApi, "create_repo") as create_repo, \
             mock.patch.object(HfApi, "upload_folder", return_value=commit) as upload_folder, \
-            mock.patch("twotower.training.hub.is_offline_mode", return_value=True):
+            mock.patch.object(HfApi, "whoami", return_value=writer), \
+            mock.patch("twotower.training.hub.is_offline_mode", return_value=False):
         pushed = push_study_dataset(report_dir, "someone/study", tmp_path / "staged")
     assert create_repo.call_args.kwargs["repo_type"] == "dataset"
     assert upload_folder.call_args.kwargs | {"commit_message": None} == {

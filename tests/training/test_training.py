@@ -415,6 +415,9 @@ def test_a_compiled_model_is_saved_under_its_own_parameter_names():
 
 
 def test_push_to_hub_uploads_the_final_folder(corpus, tmp_path, monkeypatch, capsys, caplog):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # offline, an upload is refused
+    writer = {"name": "someone", "auth": {"accessToken": {"role": "write"}}}  # the Hub accepts the token
+    monkeypatch.setattr(HfApi, "whoami", lambda self, token: writer)
     secret = "hf_not_a_real_token_4c1d"
     monkeypatch.setenv("HF_TOKEN", secret)
     calls = {}
