@@ -18,7 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 import modeling_twotower  # noqa: F401 (registers the twotower classes: the model code is this copy, never a repo's)
-from model_source import MAX_DOWNLOAD_VARIABLE, MODEL_DIR_VARIABLE, ModelSourceError, served_model_path
+from model_source import MAX_DOWNLOAD_VARIABLE, MODEL_DIR_VARIABLE, ModelSourceError, served_model_path, visitor_message
 from token_kinds import detect_scheme, letter_case, token_kind
 from text_cells import is_byte_level, with_cells
 from token_view import render_token_view
@@ -109,7 +109,10 @@ def type_categories(tokens, tokenizer):
 
 
 def score_text(model_name_or_path, text, min_count):
-    """The token view of `text` (in a frame: the page keeps its own script and style) and the metric's results."""
+    """
+    The token view of `text` (in a frame: the page keeps its own script and style) and the metric's results. Every
+    refusal names the model as the visitor gave it, never a path of the server (model_source.visitor_message).
+    """
     try:  # a Hub id or a folder under the model directory; no other path is opened
         model_path = served_model_path(model_name_or_path)
     except ModelSourceError as error:
@@ -121,6 +124,16 @@ def score_text(model_name_or_path, text, min_count):
     gold_logprobs = np.concatenate([p["gold_logprobs"][:, mask] for p, mask in zip(passages, scored)], axis=1)
     replicas = model.config.probe_replicas
     probe_layout = {}
+    try:
+        return scored_text_view(model_name_or_path, model_path, text, min_count)
+    except (gr.Error, ValueError, OSError) as error:  # a model that does not load (a checkpoint error), a bad input
+        message = error.message if isinstance(error, gr.Error) else str(error)
+        # the modal renders HTML: the message shows as written
+        raise gr.Error(html.escape(visitor_message(message, model_path, model_name_or_path.strip()))) from error
+
+
+def scored_text_view(model_name_or_path, model_path, text, min_count):
+    """score_text for the served folder `model_path` of the model field `model_name_or_path`."""
     if replicas > 1:  # replica r of every tower was trained on one data order: paired, as the scoring command does
         towers = model.config.num_towers
         probe_layout = {"probe_towers": np.repeat(np.arange(towers), replicas).tolist(),

@@ -8,14 +8,17 @@ What the Space's model field accepts: it serves models, not the server's file sy
   given relative to it. Without one, no local folder is served.
 
 Nothing else is opened: an absolute path, `..`, or a link out of the model directory gets the same message whether or
-not it exists, so the field tells a visitor nothing about the server's files.
+not it exists, so the field tells a visitor nothing about the server's files. Every message about a served model
+names it as the visitor gave it (`visitor_message`), never by its place on the server.
 """
 
 import fnmatch
 import os
+import re
 from pathlib import Path
 
 from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.constants import HF_HUB_CACHE
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 MODEL_DIR_VARIABLE = "TOWER_PREFERENCE_MODEL_DIR"
@@ -71,6 +74,23 @@ def download_hub_model(repo_id: str) -> str:
             f"{max_download_bytes() / 1e9:.2f} GB. Score a larger model with `python -m twotower.evaluation.scoring.score`."
         )
     return snapshot_download(repo_id, revision=info.sha, allow_patterns=list(DOWNLOADED_FILES))
+
+
+def visitor_message(message: str, model_path: str, model_field: str) -> str:
+    """
+    A message about the model served from `model_path` as a visitor may read it: that folder (and any file in it)
+    named as the visitor gave it, `model_field`, and any other path under the model directory or the Hub cache cut
+    to its last part.
+    """
+    message = message.replace(str(Path(model_path).resolve()), model_field).replace(str(model_path), model_field)
+    for root in {os.environ.get(MODEL_DIR_VARIABLE), HF_HUB_CACHE} - {None, ""}:
+        for form in {str(Path(root)), str(Path(root).resolve())}:
+            message = re.sub(re.escape(form.rstrip("/")) + r"(/[^\s'\"`),;]*)?", _last_part, message)
+    return message
+
+
+def _last_part(match: re.Match) -> str:
+    return Path(match.group(0)).name
 
 
 def served_model_path(model_field: str) -> str:
