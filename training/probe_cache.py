@@ -32,7 +32,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from .data import collate_blocks
-from .feature_cache_checks import ShardWatch, ShardWriter, build_verified, explicit_cache_note, map_shard
+from .feature_cache_checks import (
+    ShardWatch, ShardWriter, build_verified, cache_run_fingerprint, explicit_cache_note, manifest_file, map_shard,
+    row_checksums,
+)
 from .utils.atomic import free_bytes, readable_bytes
 from .utils.errors import TwoTowerUserError
 from .objectives import prediction_targets, target_shift
@@ -62,13 +65,16 @@ def block_starts_of(counts: torch.LongTensor) -> torch.LongTensor:
     return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
 
-def gather_replica_rows(features: torch.Tensor, targets: torch.LongTensor, rows: torch.LongTensor, device) -> dict:
+def gather_replica_rows(features: torch.Tensor, targets: torch.LongTensor, rows: torch.LongTensor, device,
+                        already_read: bool = False) -> dict:
     """
     Rows `rows` [replicas, n] of features [positions, towers, hidden] and targets [positions], for the probes of every
     tower (tower-major, probe t * replicas + r): {"features": [probes, n, hidden] float32, "targets": [probes, n]}.
+    `already_read`: `features` are the rows of `rows` already read, [replicas * n, towers, hidden] in that order.
     """
     num_replicas, n = rows.shape
-    picked = features[rows.flatten().to(features.device)].to(device).float()  # [replicas * n, towers, hidden]
+    picked = features if already_read else features[rows.flatten().to(features.device)]
+    picked = picked.to(device).float()  # [replicas * n, towers, hidden]
     num_towers = picked.shape[1]
     # [replicas * n, towers, hidden] -> [towers, replicas, n, hidden] -> [probes, n, hidden]
     picked = picked.view(num_replicas, n, num_towers, -1).permute(2, 0, 1, 3).flatten(0, 1)
@@ -89,10 +95,12 @@ class FeatureCache:
 
     def chunk(self, start: int, end: int) -> tuple[torch.Tensor, torch.LongTensor]:
         """Positions [start, end) for every probe: features [towers, n, hidden] float32, targets [n]; on the device."""
-        if self.shard is not None:
+        rows = self.features[start:end]
+        if self.shard is not None:  # a copy of the mapped rows: the rows checked are the rows trained on
             self.shard.check()
-        features = self.features[start:end].to(self.targets.device).float().transpose(0, 1)
-        return features, self.targets[start:end]
+            rows = rows.clone()
+            self.shard.check_rows(rows, slice(start, end))
+        return rows.to(self.targets.device).float().transpose(0, 1), self.targets[start:end]
 
     def chunks(self, chunk_positions: int):
         """Every position, `chunk_positions` at a time: (features [towers, n, hidden], targets [n]) on the device."""
@@ -104,9 +112,13 @@ class FeatureCache:
         Each replica's own positions, `positions` [replicas, n], for the probes of every tower (tower-major, probe
         t * replicas + r): {"features": [probes, n, hidden] float32, "targets": [probes, n]} on the device.
         """
-        if self.shard is not None:
-            self.shard.check()
-        return gather_replica_rows(self.features, self.targets, positions, self.targets.device)
+        if self.shard is None:
+            return gather_replica_rows(self.features, self.targets, positions, self.targets.device)
+        self.shard.check()
+        flat = positions.flatten().cpu()
+        rows = self.features[flat]  # [replicas * n, towers, hidden], a copy: the rows checked are the rows trained on
+        self.shard.check_rows(rows, flat)
+        return gather_replica_rows(rows, self.targets, positions, self.targets.device, already_read=True)
 
 
 @dataclass
@@ -205,20 +217,24 @@ def batch_features(accelerator, model, batch: dict, objective: str, dtype: torch
 @torch.no_grad()
 def build_feature_cache(
     accelerator, model, blocks, collator, objective: str, batch_size: int, disk_file: Path | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, run: str | None = None,
 ) -> FeatureCache:
     """
     Run the frozen towers of `model` over `blocks` (this process's share; `collator` masks them for a masked LM)
     and keep the features (in `dtype`) and target of every predicted position, in memory on the device or, given
-    `disk_file`, in a file read back as a numpy memmap.
+    `disk_file`, in a file read back as a numpy memmap, recorded under the run's fingerprint `run` in the process's
+    manifest beside it.
     """
     loader = DataLoader(blocks.with_format("torch"), batch_size=batch_size, collate_fn=collator)
-    kept_features, kept_targets, kept_counts = [], [], []
-    disk = ShardWriter(disk_file) if disk_file is not None else None  # hashed as written
+    kept_features, kept_targets, kept_counts, kept_checksums = [], [], [], []
+    disk = None
+    if disk_file is not None:  # hashed as written
+        disk = ShardWriter(disk_file, manifest_file(disk_file.parent, accelerator.process_index), run)
     for batch in loader:
         rows, targets, counts = batch_features(accelerator, model, batch, objective, dtype)
         if disk is not None:  # [n, towers, hidden], appended in order; bf16 as its raw bits
             disk.write(rows.cpu().view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy().tobytes())
+            kept_checksums.append(row_checksums(rows).cpu())
         else:
             kept_features.append(rows)
         kept_targets.append(targets)
@@ -229,7 +245,8 @@ def build_feature_cache(
     else:
         disk.close()
         shape = (len(targets), *rows.shape[1:])
-        array, shard = map_shard(disk_file, DISK_DTYPES[dtype], shape)  # verified against its checksum
+        # verified against what this run wrote
+        array, shard = map_shard(disk, DISK_DTYPES[dtype], shape, torch.cat(kept_checksums))
         features = torch.from_numpy(array)
         if dtype == torch.bfloat16:
             features = features.view(torch.bfloat16)
@@ -349,8 +366,10 @@ def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str
         ) for split, collator in zip(SPLITS, collators)}  # fmt: skip
     start = time.perf_counter()
     folder = Path(config.output_dir) / CACHE_DIR if plan.choice == "disk" else None
+    run = None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
+        run = cache_run_fingerprint(config, accelerator.process_index, accelerator.num_processes, dtype)
     caches = {}
     for split, collator in zip(SPLITS, collators):
         disk_file = None if folder is None else folder / f"{split}_process{accelerator.process_index}.bin"
@@ -359,7 +378,7 @@ def cache_both_splits(accelerator, model, lm_datasets, collators, objective: str
         def build(split=split, collator=collator, disk_file=disk_file, with_dropout=with_dropout):
             with backbone_dropout(model, config.seed, accelerator.device) if with_dropout else contextlib.nullcontext():
                 return build_feature_cache(accelerator, model, shares[split], collator, objective,
-                                           config.per_device_eval_batch_size, disk_file, dtype)  # fmt: skip
+                                           config.per_device_eval_batch_size, disk_file, dtype, run)  # fmt: skip
 
         caches[split] = build_verified(build, split)  # a shard that does not verify is built again
     positions = {split: sum(process_counts(accelerator, len(cache))) for split, cache in caches.items()}
