@@ -23,9 +23,7 @@ tower), and report.md leads with whether the per-type preference belongs to the 
 
 import itertools
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -48,13 +46,12 @@ from ..tower_preference.text_cells import readable_token  # noqa: E402
 from .report_files import (  # noqa: E402
     PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
 )
+from .versioned_report import replace_report, staging_folder  # noqa: E402
 
 
 REPORT_TEMPLATE = "report.md.j2"
 TEMPLATES_DIR = Path(__file__).with_name("templates")  # beside the module, in a wheel too (setup.py package_data)
 USER_DATA_FILTERS = {"code": code_span, "text": markdown_text, "url": markdown_url}
-STAGING_PREFIX = ".report."  # inside the report folder: .report.XXXX.tmp, where a report is written before its
-# files move in
 TOWER_COLORS = plt.get_cmap("tab10").colors
 PER_TOKEN_COLUMNS = (
     "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "
@@ -311,26 +308,24 @@ def write_report(output_dir, report, result, tokens, token_view=None, ablation=N
     `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any, and `type_sums` the
     per-half, per-type sums of cross-fitting (cross_fitting.CrossFittedPreference.type_sums), if any.
 
-    Every file is written into a staging folder first and moved in only once all are written: a failure (a full
-    disk) leaves neither a partial report nor the staging folder behind.
+    Every file is written into a staging folder first, and the whole report replaces the earlier one in one step
+    once all are written (versioned_report.py): a failure (a full disk) leaves neither a partial report nor the
+    staging folder behind, and a kill at any instant leaves the earlier report whole.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    # unique to this process: a writer never removes another's staging folder
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, suffix=".tmp", dir=output_dir))
+    staging = staging_folder(output_dir)  # unique to this process
     try:
         table = per_token_table(result, tokens, ablation)
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
         if type_sums is not None:
             write_atomically(staging / TYPE_SUMS_PARQUET, lambda tmp: type_sums.to_parquet(tmp, index=False))
-        for path in sorted(staging.iterdir()):
-            os.replace(path, output_dir / path.name)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if is_disk_full(error):
             raise disk_full_error(output_dir, staging) from error
         raise
-    staging.rmdir()
+    replace_report(output_dir, staging)
     return output_dir
 
 
