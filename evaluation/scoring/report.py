@@ -57,7 +57,7 @@ PER_TOKEN_COLUMNS = (
     "token_id, token, count, mean_logprob_tower{t}, preference_nats_tower{t}, standard_error_tower{t} "
     "(one per tower t), preferred_tower, p_value, eligible, significant; with probe replicas also "
     "occurrence_p_value, occurrence_significant, two_tower_difference_nats, same_tower_difference_nats and "
-    "probe_mean_logprob_probe{p} (one per probe p)"
+    "probe_mean_logprob_probe{p} (one per probe p); where the text was tagged, pos_tag and pos_tag_share"
 )
 RELIABLE_PREFERENCE = 0.7  # from this reliability on, report.md calls the per-type preference the towers'
 # said beside a reliability below 0 (report.md, the scoring command's line), which otherwise reads as a small number
@@ -94,6 +94,19 @@ def per_token_table(result, tokens, ablation=None):
             columns[f"ablation_preference_nats_tower{tower_idx}"] = values
         columns.update(ablation_p_value=ablation.p_value, ablation_significant=ablation.significant)
     return pd.DataFrame(columns)
+
+
+def with_parts_of_speech(table, parts_of_speech):
+    """The per-token table with each type's part of speech where the report tagged the text (preference.json's
+    `parts_of_speech`): pos_tag, its majority tag, and pos_tag_share, that tag's share of its occurrences (a type is
+    tagged from the section's `threshold` on); empty for a type the tagger never saw inside a word."""
+    if not (parts_of_speech or {}).get("available"):
+        return table
+    types = parts_of_speech["types"]
+    return table.assign(
+        pos_tag=table["token_id"].map(dict(zip(types["token_id"], types["tag"]))),
+        pos_tag_share=table["token_id"].map(dict(zip(types["token_id"], types["tag_share"]))),
+    )
 
 
 def numbered_columns(table, prefix):
@@ -316,7 +329,7 @@ def write_report(output_dir, report, result, tokens, token_view=None, ablation=N
     output_dir.mkdir(parents=True, exist_ok=True)
     staging = staging_folder(output_dir)  # unique to this process
     try:
-        table = per_token_table(result, tokens, ablation)
+        table = with_parts_of_speech(per_token_table(result, tokens, ablation), report.get("parts_of_speech"))
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
         if type_sums is not None:
             write_atomically(staging / TYPE_SUMS_PARQUET, lambda tmp: type_sums.to_parquet(tmp, index=False))

@@ -44,6 +44,7 @@ from twotower.training.data import (
     resolve_text_files,
     split_blocks,
     tokenize_and_group,
+    tokenize_lines,
 )
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.loading import load_two_tower, read_training_config
@@ -57,7 +58,7 @@ from .parts_of_speech_report import parts_of_speech_section, scored_text_lines
 from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
 from .engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .report_lock import report_folder_locked
-from .token_categories import categorize, detect_scheme
+from .token_categories import WordStarts, categorize, detect_scheme
 from ..tower_preference.text_cells import is_byte_level, with_cells
 from ..tower_preference.token_view import render_token_view
 
@@ -203,9 +204,13 @@ def check_output_dir(output_dir, model_dir):
 
 
 def load_blocks(args, tokenizer):
-    """The blocks of `args.split`, built exactly as the training command builds them, capped by max_blocks."""
+    """
+    (blocks, text_tokens): the blocks of `args.split`, built exactly as the training command builds them, capped by
+    max_blocks; and how many tokens the scored text has and how many of them no block holds (`tokens_in_no_block`),
+    or None where the blocks are a sample of a text (held out of a training text) or sentence pairs.
+    """
     if args.split == "validation" and args.validation_file is not None:
-        blocks = _validation_file_blocks(args, tokenizer)
+        blocks, text_tokens = _validation_file_blocks(args, tokenizer)
     else:
         raw_datasets = load_raw_datasets(
             args.dataset_name, args.dataset_config_name, args.train_file, args.validation_file
@@ -214,11 +219,14 @@ def load_blocks(args, tokenizer):
         raw_datasets = with_documents(raw_datasets, files, args)
         lm_datasets = _tokenized_blocks(raw_datasets, args, tokenizer)
         blocks = split_blocks(lm_datasets, args.block_size, args.validation_split_percentage)[args.split]
+        # without a validation split, split_blocks holds blocks out of the training text: each split is a sample
+        whole_text = "validation" in raw_datasets
+        text_tokens = tokens_in_no_block(raw_datasets[args.split], len(blocks), args, tokenizer) if whole_text else None
     if args.max_blocks is None or len(blocks) <= args.max_blocks:
-        return blocks
+        return blocks, text_tokens
     if args.spread_blocks:
-        return blocks.select(np.linspace(0, len(blocks) - 1, args.max_blocks).round().astype(int).tolist())
-    return blocks.select(range(args.max_blocks))
+        return blocks.select(np.linspace(0, len(blocks) - 1, args.max_blocks).round().astype(int).tolist()), text_tokens
+    return blocks.select(range(args.max_blocks)), text_tokens
 
 
 def _tokenized_blocks(raw_datasets, args, tokenizer):
@@ -261,7 +269,8 @@ def trained_block_format(model_dir) -> str:
 
 
 def _validation_file_blocks(args, tokenizer):
-    """The blocks of a local validation text: they depend on that text alone, so the training text is not read."""
+    """The blocks of a local validation text and its tokens_in_no_block: they depend on that text alone, so the
+    training text is not read."""
     # load_raw_datasets names the split of a lone local text "train"
     raw_datasets = load_raw_datasets(args.dataset_name, args.dataset_config_name, train_file=args.validation_file)
     raw_datasets = with_documents(raw_datasets, {"train": args.validation_file}, args)
@@ -271,7 +280,35 @@ def _validation_file_blocks(args, tokenizer):
             f"--validation_file {args.validation_file!r} gives no block of block_size={args.block_size} tokens; "
             "give more text or a smaller --block_size."
         )
-    return blocks
+    return blocks, tokens_in_no_block(raw_datasets["train"], len(blocks), args, tokenizer)
+
+
+def tokens_in_no_block(lines, num_blocks, args, tokenizer) -> dict | None:
+    """
+    {"num_text_tokens", "num_tokens_in_no_block"} of a text's `lines` cut into `num_blocks` contiguous blocks: the
+    training command's blocks leave out the tokens after the last whole block of each batch of 1,000 lines (datasets'
+    map batches, grouped one at a time), so a short text loses its last partial block. None for sentence-pair blocks,
+    which start at sentence ends and may share text.
+    """
+    if block_format(args) != "contiguous":
+        return None
+    counts = lines.map(
+        _line_token_counts,
+        fn_kwargs={"tokenizer": tokenizer, "text_column_name": args.text_column_name},
+        batched=True,
+        num_proc=args.preprocessing_num_workers,
+        remove_columns=lines.column_names,
+        load_from_cache_file=not args.overwrite_cache,
+        desc="Counting the text's tokens",
+    )
+    num_text_tokens = int(sum(counts["num_tokens"]))
+    in_no_block = num_text_tokens - num_blocks * args.block_size
+    return {"num_text_tokens": num_text_tokens, "num_tokens_in_no_block": in_no_block}
+
+
+def _line_token_counts(examples, tokenizer, text_column_name):
+    ids = tokenize_lines(examples, tokenizer, text_column_name, document_column=None)["input_ids"]
+    return {"num_tokens": [len(line) for line in ids]}
 
 
 def collate_scored_blocks(examples, unscored_ids=()):
@@ -371,15 +408,20 @@ def score_model(model_dir, output_dir, **options):
     objective, towers = objective_of(model), model.model.towers
     tokenizer = _tokenizer_that_fits(args, model.config)
 
-    blocks = load_blocks(args, tokenizer)
+    blocks, text_tokens = load_blocks(args, tokenizer)
     # a masked LM never predicts the [CLS] and [SEP] of sentence-pair blocks (nor, as any model, their padding)
     unscored_ids = [tokenizer.cls_token_id, tokenizer.sep_token_id] if needs_masking(objective, towers) else []
     collate = partial(collate_scored_blocks, unscored_ids=[token for token in unscored_ids if token is not None])
     dataloader = DataLoader(blocks.with_format("torch"), batch_size=args.batch_size, collate_fn=collate)
     passages = ScoredPassages(args.token_view_blocks)
+    consumers = [passages]
+    word_starts = word_starts_of(tokenizer)
+    if word_starts is not None:
+        consumers.append(word_starts)
     cross_fit = None
     if model.config.probe_replicas >= 2 and DOCUMENT_COLUMN in blocks.column_names:
         cross_fit = CrossFittedPreference(model.config.num_towers, model.config.probe_replicas, model.config.vocab_size)
+        consumers.append(cross_fit)
     scores = score_blocks(
         model,
         dataloader,
@@ -388,7 +430,7 @@ def score_model(model_dir, output_dir, **options):
         mask_token_id=tokenizer.mask_token_id,
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
-        consumers=[passages] if cross_fit is None else [passages, cross_fit],
+        consumers=consumers,
         ablation=args.ablation,
     )
     (accumulator,) = scores.accumulators
@@ -401,6 +443,7 @@ def score_model(model_dir, output_dir, **options):
             **{field: getattr(args, field) for field in DATA_FIELDS},
             "num_blocks": len(blocks),
             "num_predictions": accumulator.num_predictions,
+            **(text_tokens or {}),
         },
         "settings": {field: getattr(args, field) for field in SETTINGS_FIELDS}
         | {"objective": objective, "masking": masking_description(objective, towers, args.mask_passes)}
@@ -415,7 +458,7 @@ def score_model(model_dir, output_dir, **options):
     token_view = None
     if args.token_view_blocks:
         source = f"The first {len(passages.input_ids)} of {len(blocks)} blocks of {report['data']['description']}."
-        token_view = token_view_page(result, tokens, passages, tokenizer, source, ablation)
+        token_view = token_view_page(result, tokens, passages, tokenizer, source, ablation, word_starts)
     type_sums = None if cross_fit is None else cross_fit.type_sums()
     write_report(args.output_dir, report, result, tokens, token_view, ablation, type_sums)
     return {**report, "summary": result.summary}
@@ -440,26 +483,38 @@ def ablation_and_cross_fit(args, report, result, scores, cross_fit):
     return ablation
 
 
-def token_view_page(result, tokens, passages, tokenizer, source, ablation=None):
+def token_view_page(result, tokens, passages, tokenizer, source, ablation=None, word_starts=None):
     """tokens.html: the recorded passages (ScoredPassages, padding dropped), filtered by the package's categories,
     with the mean-ablation preference (a PreferenceResult) on the hover card when given."""
     shown = []
     for input_ids, kept, gold_logprobs in zip(passages.input_ids, passages.attention_mask, passages.gold_logprobs):
         shown.append({"token_ids": input_ids[kept].tolist(), "gold_logprobs": gold_logprobs[:, kept]})
-    categories = token_view_categories(result, tokens, tokenizer)
+    categories = token_view_categories(result, tokens, tokenizer, word_starts)
     ablation = None if ablation is None else ablation.to_dict()
     return render_token_view(result.to_dict(), tokens, with_cells(tokenizer, shown), categories, source=source,
                              ablation=ablation, byte_level=is_byte_level(tokenizer))
 
 
-def token_view_categories(result, tokens, tokenizer) -> dict:
+def token_view_categories(result, tokens, tokenizer, word_starts=None) -> dict:
     """The token categories of every scored type (twotower.evaluation.scoring.token_categories), or none for a tokenizer
-    that is neither byte-level BPE nor WordPiece, whose pieces they cannot label."""
+    that is neither byte-level BPE nor WordPiece, whose pieces they cannot label; `word_starts` (a WordStarts fed by
+    the scoring pass) makes a piece that mostly follows whitespace in the text word-initial."""
     try:
         scheme = detect_scheme(tokenizer.get_vocab())
     except ValueError:
         return {}
-    return categorize(per_token_table(result, tokens), scheme, tokenizer.all_special_tokens)
+    follows_whitespace = set() if word_starts is None else word_starts.types()
+    return categorize(per_token_table(result, tokens), scheme, tokenizer.all_special_tokens, follows_whitespace)
+
+
+def word_starts_of(tokenizer) -> WordStarts | None:
+    """The WordStarts that counts which types follow whitespace in the scored blocks; None for a tokenizer that is
+    neither byte-level BPE nor WordPiece (token_view_categories labels none of its pieces)."""
+    try:
+        scheme = detect_scheme(tokenizer.get_vocab())
+    except ValueError:
+        return None
+    return WordStarts(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))), scheme)
 
 
 def summary_line(report, centered=False):

@@ -7,6 +7,7 @@ per category, the types preferring each tower and tests whether that split diffe
 types.
 
     labels = categorize(table)  # {"kind", "frequency", "case": [...], "pos": [...] if nltk's tagger is installed}
+    labels = categorize(table, follows_whitespace=word_starts.types())  # a WordStarts fed by a scoring pass
     frame = category_preferences(table, labels["kind"])
     plot_category_preferences(frame, "kind_preferences.png", "token kinds")
 """
@@ -24,11 +25,14 @@ from ..tower_preference.token_kinds import (  # noqa: F401
     BYTE_DECODER,
     KINDS,
     SCHEMES,
+    after_whitespace_counts,
     check_scheme,
     detect_scheme,
+    ends_in_whitespace,
     letter_case,
     piece_text,
     token_kind,
+    word_start_types,
 )
 
 
@@ -52,7 +56,34 @@ def frequency_band(counts, edges=(100, 1000)) -> np.ndarray:
     return np.array(labels)[np.searchsorted(edges, rank, side="left")]
 
 
-def part_of_speech(tokens, scheme=None, special_tokens=()) -> list[str] | None:
+class WordStarts:
+    """
+    Which types start words where the text has them: per type, its occurrences in the scored blocks and how many of
+    them follow a piece ending in whitespace (a newline: byte-level BPE marks only a space). A PassConsumer of
+    engine.score_blocks, counting each batch's blocks as it starts.
+    """
+
+    def __init__(self, tokens, scheme):
+        """`tokens`: the token string of every id of the tokenizer; `scheme`: theirs (detect_scheme)."""
+        self.ends_with_whitespace = np.array([ends_in_whitespace(token, scheme) for token in tokens], bool)
+        self.occurrences = np.zeros(len(tokens), np.int64)
+        self.after_whitespace = np.zeros(len(tokens), np.int64)
+
+    def begin_batch(self, batch) -> None:
+        input_ids = batch["input_ids"].cpu().numpy()  # [batch, seq]
+        occurrences, after_whitespace = after_whitespace_counts(input_ids, self.ends_with_whitespace)
+        self.occurrences += occurrences
+        self.after_whitespace += after_whitespace
+
+    def update_pass(self, scored_pass) -> None:
+        pass
+
+    def types(self) -> set[int]:
+        """The ids whose occurrences mostly follow whitespace: word-initial though unmarked (token_kind)."""
+        return word_start_types(self.occurrences, self.after_whitespace)
+
+
+def part_of_speech(tokens, scheme=None, special_tokens=(), follows_whitespace=()) -> list[str] | None:
     """Universal part of speech (NOUN, VERB, ...) of each word-initial piece, NOT_WORD_INITIAL for other pieces.
 
     Each piece is tagged alone with nltk's averaged perceptron tagger, so the tag is the word's most usual part of
@@ -68,7 +99,11 @@ def part_of_speech(tokens, scheme=None, special_tokens=()) -> list[str] | None:
         return None
     tokens = [str(token) for token in tokens]
     scheme = scheme or detect_scheme(tokens)
-    is_word = [token_kind(token, scheme, special_tokens) == "word-initial" for token in tokens]
+    follows_whitespace = follows_whitespace or [False] * len(tokens)
+    is_word = [
+        token_kind(token, scheme, special_tokens, after) == "word-initial"
+        for token, after in zip(tokens, follows_whitespace)
+    ]
     words = [piece_text(token, scheme)[0] for token, word in zip(tokens, is_word) if word]
     tagged = nltk.pos_tag_sents([[word] for word in words], tagset="universal")  # one-word sentences
     tags = iter(sentence[0][1] for sentence in tagged)
@@ -170,18 +205,22 @@ def plot_category_preferences(frame, path, title):
     save_figure(figure, path)
 
 
-def categorize(table, scheme=None, special_tokens=()) -> dict[str, list[str]]:
+def categorize(table, scheme=None, special_tokens=(), follows_whitespace=()) -> dict[str, list[str]]:
     """Label columns for a per-token table: "kind", "frequency" (bands over all its types), "case" and, with nltk's
-    tagger data installed, "pos". The scheme is detected from the tokens unless given."""
+    tagger data installed, "pos". The scheme is detected from the tokens unless given. `follows_whitespace`: the ids
+    of the types that mostly follow whitespace in the scored text (WordStarts.types()), word-initial though unmarked."""
     tokens = [str(token) for token in table["token"]]
     scheme = scheme or detect_scheme(tokens)
     check_scheme(scheme)
+    after = [False] * len(tokens)
+    if follows_whitespace:
+        after = [int(token_id) in follows_whitespace for token_id in table["token_id"]]
     labels = {
-        "kind": [token_kind(token, scheme, special_tokens) for token in tokens],
+        "kind": [token_kind(token, scheme, special_tokens, follows) for token, follows in zip(tokens, after)],
         "frequency": frequency_band(table["count"].to_numpy()).tolist(),
         "case": [letter_case(token, scheme) for token in tokens],
     }
-    pos = part_of_speech(tokens, scheme, special_tokens)
+    pos = part_of_speech(tokens, scheme, special_tokens, after)
     if pos is not None:
         labels["pos"] = pos
     return labels

@@ -19,7 +19,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
 
 import modeling_twotower  # noqa: F401 (registers the twotower classes: the model code is this copy, never a repo's)
 from model_source import MAX_DOWNLOAD_VARIABLE, MODEL_DIR_VARIABLE, ModelSourceError, served_model_path, visitor_message
-from token_kinds import detect_scheme, letter_case, token_kind
+from token_kinds import (
+    after_whitespace_counts, detect_scheme, ends_in_whitespace, letter_case, token_kind, word_start_types,
+)
 from text_cells import is_byte_level, with_cells
 from token_view import render_token_view
 
@@ -95,15 +97,20 @@ def ablation_increases(model, passages) -> np.ndarray:
     return model.ablation_increases(features, targets, means).double().numpy()
 
 
-def type_categories(tokens, tokenizer):
-    """The kind and letter case of every type (twotower's token categories), none for other tokenizers."""
+def type_categories(tokens, token_ids, tokenizer, passages):
+    """The kind and letter case of every type (`tokens`, the strings of `token_ids`; twotower's token categories), a
+    piece that mostly follows whitespace in the passages counted as word-initial; none for other tokenizers."""
     try:
         scheme = detect_scheme(tokenizer.get_vocab())
     except ValueError:
         return {}
     special_tokens = tokenizer.all_special_tokens
+    vocabulary = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    ends_with_whitespace = np.array([ends_in_whitespace(token, scheme) for token in vocabulary], bool)
+    word_starts = word_start_types(*after_whitespace_counts([p["token_ids"] for p in passages], ends_with_whitespace))
     return {
-        "kind": [token_kind(token, scheme, special_tokens) for token in tokens],
+        "kind": [token_kind(token, scheme, special_tokens, token_id in word_starts)
+                 for token, token_id in zip(tokens, token_ids)],
         "case": [letter_case(token, scheme) for token in tokens],
     }
 
@@ -117,13 +124,6 @@ def score_text(model_name_or_path, text, min_count):
         model_path = served_model_path(model_name_or_path)
     except ModelSourceError as error:
         raise gr.Error(str(error)) from error
-    model, tokenizer = load_model(model_path)
-    passages = text_passages(model, tokenizer, text)
-    scored = [np.isfinite(passage["gold_logprobs"][0]) for passage in passages]
-    token_ids = np.concatenate([np.asarray(p["token_ids"])[mask] for p, mask in zip(passages, scored)])
-    gold_logprobs = np.concatenate([p["gold_logprobs"][:, mask] for p, mask in zip(passages, scored)], axis=1)
-    replicas = model.config.probe_replicas
-    probe_layout = {}
     try:
         return scored_text_view(model_name_or_path, model_path, text, min_count)
     except (gr.Error, ValueError, OSError) as error:  # a model that does not load (a checkpoint error), a bad input
@@ -134,6 +134,13 @@ def score_text(model_name_or_path, text, min_count):
 
 def scored_text_view(model_name_or_path, model_path, text, min_count):
     """score_text for the served folder `model_path` of the model field `model_name_or_path`."""
+    model, tokenizer = load_model(model_path)
+    passages = text_passages(model, tokenizer, text)
+    scored = [np.isfinite(passage["gold_logprobs"][0]) for passage in passages]
+    token_ids = np.concatenate([np.asarray(p["token_ids"])[mask] for p, mask in zip(passages, scored)])
+    gold_logprobs = np.concatenate([p["gold_logprobs"][:, mask] for p, mask in zip(passages, scored)], axis=1)
+    replicas = model.config.probe_replicas
+    probe_layout = {}
     if replicas > 1:  # replica r of every tower was trained on one data order: paired, as the scoring command does
         towers = model.config.num_towers
         probe_layout = {"probe_towers": np.repeat(np.arange(towers), replicas).tolist(),
@@ -153,8 +160,9 @@ def scored_text_view(model_name_or_path, model_path, text, min_count):
                               min_count=int(min_count))  # fmt: skip
     tokens = tokenizer.convert_ids_to_tokens(results["token_ids"])
     source = f"{model_name_or_path.strip()} on the given text."
-    page = render_token_view(results, tokens, passages, type_categories(tokens, tokenizer), source=source,
-                             ablation=ablation, byte_level=is_byte_level(tokenizer))
+    categories = type_categories(tokens, results["token_ids"], tokenizer, passages)
+    page = render_token_view(results, tokens, passages, categories, source=source, ablation=ablation,
+                             byte_level=is_byte_level(tokenizer))
     frame = (
         f'<iframe title="token view" srcdoc="{html.escape(page, quote=True)}" '
         f'style="width: 100%; height: {VIEW_HEIGHT_PX}px; border: 0"></iframe>'

@@ -4,7 +4,8 @@ The probe preference says which tower's features let a newly trained reader (a p
 *decodable from the tower*. The mean-ablation preference says which tower the trained joint model loses more without:
 *relied on by the joint model*. Both are per type; their agreement is the correlation over the eligible types, with a
 percentile bootstrap interval over types (the types resampled, the model and the probes fixed). The report leads
-with it and chooses its words from it; the token view's hover card says it when the two point to different towers.
+with it and chooses its words from it; the token view's hover card says it where both are beyond noise and point to
+different towers.
 """
 
 import numpy as np
@@ -16,6 +17,8 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_BATCH = 200  # resamples held in memory at once
 CONFIDENCE = 0.95
+STRONG_NEGATIVE = -0.5  # an r at or below this is worded as the measures pointing opposite ways, with its interval
+FEW_TYPES = 20  # below this many eligible types, a correlation over types rests on a handful of points: said so
 
 
 def pooled_correlation(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -59,3 +62,40 @@ def agreement_verdict(agreement: dict | None) -> str:
     if low > 0.0:
         return "partly agree"
     return "disagree" if high < 0.0 else "do not agree"
+
+
+def agreement_meaning(agreement: dict | None) -> str:
+    """What the agreement (measure_agreement's dict) means, in words for the report and the token view: the
+    verdict, a strong negative r worded as the measures pointing opposite ways, and a caveat under FEW_TYPES types.
+
+    Example: a strong negative r over 6 types
+        >>> agreement_meaning({"r": -0.94, "ci": [-0.99, -0.62], "num_types": 6}).split(":")[0]
+        'They point opposite ways'
+    """
+    verdict = agreement_verdict(agreement)
+    if verdict == "unknown":
+        return ""
+    if verdict == "agree":
+        meaning = "They agree: a tower whose features decode a type better is the one the joint model relies on for it."
+    elif verdict == "partly agree":
+        meaning = (
+            "They agree in part: a tower whose features decode a type better tends to be the one the joint model "
+            "relies on for it, with many exceptions."
+        )
+    elif verdict == "disagree" or agreement["r"] <= STRONG_NEGATIVE:
+        uncertain = "" if verdict == "disagree" else ", though the interval reaches 0"
+        meaning = (
+            f"They point opposite ways{uncertain}: where a tower's features decode a type better, the joint model "
+            "tends to rely on the other tower for it, so a card often shows each measure pointing to another tower."
+        )
+    else:
+        meaning = (
+            "They do not agree: the correlation cannot be told from 0, so which tower decodes a type better does not "
+            "tell, here, which tower the joint model relies on for it; the two answer different questions."
+        )
+    if agreement["num_types"] < FEW_TYPES:
+        meaning += (
+            f" Over only {agreement['num_types']} types, though: a correlation over so few types moves a lot with "
+            "each type, so read it as a hint."
+        )
+    return meaning

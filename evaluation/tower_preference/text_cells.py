@@ -2,10 +2,13 @@
 
 A byte-level BPE splits a character it has not merged (a curly quote, an accented letter, CJK, an emoji) into byte
 tokens, and a byte decoded alone is no character: decoding token by token writes U+FFFD. So the token view writes
-*cells*: runs of consecutive tokens whose decoded text ends on a character boundary (most cells are one token; the
-byte pieces of one character are one cell), each with the text that the run adds to the decoded passage.
+*cells*: runs of consecutive tokens whose decoded text ends where a character a reader sees ends (most cells are one
+token; the byte pieces of one character are one cell, and so is a sequence that reads as one character, such as an
+emoji joined by zero-width joiners or a letter and its combining accent), each with the text that the run adds to the
+decoded passage. A zero-width joiner alone in a cell would be a box of no width, which no pointer can hover.
 """
 
+import regex
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 
@@ -22,6 +25,7 @@ def text_cells(tokenizer, token_ids) -> list[tuple[list[int], str]]:
     A run of tokens ends a cell when the text it adds (decoded after CONTEXT_TOKENS tokens before it, less what those
     decode to) is the whole decoded text's at that place: no partial character at its end. The rare tokenizer whose
     decoding depends on more context than that is cut by decoding every prefix instead (quadratic in the length).
+    Cells that end inside a grapheme cluster (Unicode's user-perceived character) are then joined with the next.
     """
     token_ids = list(token_ids)
     whole = tokenizer.decode(token_ids, clean_up_tokenization_spaces=False)
@@ -37,9 +41,21 @@ def text_cells(tokenizer, token_ids) -> list[tuple[list[int], str]]:
         if added.startswith(before) and whole.startswith(added[len(before) :], written):
             cells.append((pending, added[len(before) :]))
             pending, written = [], written + len(added) - len(before)
-    if "".join(text for _, text in cells) == whole:
-        return cells
-    return _cells_by_prefixes(tokenizer, token_ids, whole)
+    if "".join(text for _, text in cells) != whole:
+        cells = _cells_by_prefixes(tokenizer, token_ids, whole)
+    return _whole_graphemes(cells, whole)
+
+
+def _whole_graphemes(cells, whole):
+    """The cells joined so that each ends where a grapheme cluster of `whole` ends (regex's \\X)."""
+    ends = {match.end() for match in regex.finditer(r"\X", whole)}
+    joined, pending, text, written = [], [], "", 0
+    for indices, cell_text in cells:
+        pending, text, written = pending + indices, text + cell_text, written + len(cell_text)
+        if written in ends or written == len(whole):
+            joined.append((pending, text))
+            pending, text = [], ""
+    return joined
 
 
 def _cells_by_prefixes(tokenizer, token_ids, whole):

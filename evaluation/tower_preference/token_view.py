@@ -13,6 +13,7 @@ for a model and a text. Both call `render_token_view` with the metric's result d
     html = render_token_view(results, tokens, passages, categories={"kind": kinds})
 """
 
+import json
 from pathlib import Path
 
 import jinja2
@@ -21,10 +22,10 @@ from scipy import special
 
 
 try:  # a module of the package; the Space's app.py imports this file from its own folder
-    from .measure_agreement import DECODABLE, RELIED_ON, measure_agreement
+    from .measure_agreement import DECODABLE, RELIED_ON, agreement_meaning, measure_agreement
     from .text_cells import readable_token
 except ImportError:
-    from measure_agreement import DECODABLE, RELIED_ON, measure_agreement
+    from measure_agreement import DECODABLE, RELIED_ON, agreement_meaning, measure_agreement
     from text_cells import readable_token
 
 
@@ -127,7 +128,7 @@ def _passage_cells(passages, positions, cards):
     """What the template writes per cell (passage["cells"], text_cells.passage_cells; else one cell per token of
     passage["texts"]): its text, the passage and position of its last token (which completes its text), that token's
     type if it has a card, whether it was scored there, and, for a cell of several tokens, every piece's
-    [passage, position, type] for the card."""
+    [passage, position, type] for the card (as JSON, an attribute's value) and how many of them were scored."""
     shown = []
     for index, passage in enumerate(passages):
         cells = passage.get("cells") or [
@@ -141,7 +142,8 @@ def _passage_cells(passages, positions, cards):
                 "text": cell["text"], "passage": last_passage, "position": last_position,
                 "type": token_id if token_id in cards else None,
                 "scored": positions[last_passage][last_position] is not None,
-                "pieces": pieces if len(pieces) > 1 else None,
+                "pieces": json.dumps(pieces) if len(pieces) > 1 else None,
+                "scored_tokens": sum(positions[p][q] is not None for p, q, _ in pieces),
             })
     return shown
 
@@ -193,6 +195,8 @@ def render_token_view(results, tokens, passages, categories=None, title="Tower p
     full_colour = full_colour_nats(results)
     data = {
         "num_towers": results["num_towers"],
+        "num_eligible_types": results["num_eligible_types"],
+        "alpha": results["alpha"],  # of Benjamini-Hochberg, which decides a card's "beyond noise: yes or no"
         "replicas_per_tower": results.get("replicas_per_tower"),
         "types": {str(token_id): card for token_id, card in cards.items()},
         "positions": positions,
@@ -205,6 +209,7 @@ def render_token_view(results, tokens, passages, categories=None, title="Tower p
         results=results,
         passages=_passage_cells(passages, positions, cards),
         agreement=agreement,
+        agreement_meaning=agreement_meaning(agreement),
         measures=data["measures"],
         cards=cards,
         backgrounds={token_id: token_background(card, full_colour) for token_id, card in cards.items()},

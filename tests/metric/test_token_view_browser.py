@@ -30,6 +30,7 @@ TOWERS, REPLICAS = 2, 2
 PROBE_TOWERS, PROBE_RUNS = [0, 0, 1, 1], [0, 1, 0, 1]  # replica r of every tower shares a data order: paired
 # planted: type 20 is predicted 1 nat better by tower 0's probes, type 21 by tower 1's; the others by neither
 PREFERS_TOWER_0, PREFERS_TOWER_1, NEITHER = 20, 21, range(22, 32)
+NOISE_RELIED_ON = 22  # of NEITHER: the joint model is planted to need the tower its probes' noise does not point to
 OCCURRENCES, PASSAGES, PASSAGE_LENGTH = 40, 3, 40
 # token_view.py: full colour is opacity 0.7 (MAX_OPACITY), from the 95th percentile of the preferences on; a faded
 # type keeps 0.3 of its opacity (FADED_SHARE). The planted 1-nat preferences are the largest two of 12.
@@ -72,9 +73,11 @@ def planted():
         ids = token_ids[span].tolist()
         passages.append({"token_ids": ids, "texts": [f" w{i}" for i in ids], "gold_logprobs": passage_gold})
     # the mean-ablation increases [towers, n], planted the other way round: the joint model needs tower 1 more for
-    # type 20 (by 0.4 nats), and neither for the others
+    # type 20 (by 0.4 nats), and for type 22 the tower other than the one its probe noise happens to point to
     increases = rng.normal(0.3, 0.2, (TOWERS, token_ids.size))
     increases[1, token_ids == PREFERS_TOWER_0] += 0.4
+    noise_tower = results["preferred_tower"][results["token_ids"].index(NOISE_RELIED_ON)]
+    increases[1 - noise_tower, token_ids == NOISE_RELIED_ON] += 0.4
     accumulator = PreferenceAccumulator(num_towers=TOWERS)
     accumulator.update(token_ids, increases - increases.max(axis=0))  # as evaluation/scoring/ablation.py feeds it
     ablation = accumulator.compute(min_count=10).to_dict()
@@ -145,12 +148,15 @@ def test_the_hover_card_shows_this_positions_numbers(token_view, planted):
         f"Decodable from the tower (probes): the type, seen {OCCURRENCES} times, is predicted better from tower 0 by "
         f"{preference:.3f} nats (95% interval {low:.3f} to {high:.3f})"
     )
-    assert card.locator("[data-field=significance]").inner_text().startswith("Beyond probe noise: yes (p = ")
+    eligible = results["num_eligible_types"]
+    assert card.locator("[data-field=significance]").inner_text().startswith(
+        f"Beyond probe noise, after Benjamini-Hochberg over the {eligible} eligible types at alpha = 0.05: yes; p = "
+    )
     # the planted ablation preference: tower 1's mean increase over the type's occurrences minus tower 0's
     needs_tower_1 = (planted["increases"][1, occurrences] - planted["increases"][0, occurrences]).mean()
     assert card.locator("[data-field=ablation]").inner_text().startswith(
         f"Relied on by the joint model (mean ablation, no probe): it loses more without tower 1, by {needs_tower_1:.3f} "
-        "nats; beyond chance: yes (p = "
+        "nats; beyond chance, after Benjamini-Hochberg: yes; p = "
     )
     # planted to point to different towers: the card says what that means, with the page's agreement over types
     assert card.locator("[data-field=measures]").inner_text().startswith(
@@ -160,6 +166,30 @@ def test_the_hover_card_shows_this_positions_numbers(token_view, planted):
     assert card.locator("[data-field=categories]").inner_text() == "kind: continuation"  # 20 is even
     page.mouse.move(0, 0)
     assert not card.is_visible()
+
+
+def test_the_two_measures_are_said_to_differ_only_where_both_are_beyond_noise(token_view, planted):
+    page, _ = token_view
+    results = planted["results"]
+    index = results["token_ids"].index(NOISE_RELIED_ON)
+    probe_tower, significant = results["preferred_tower"][index], results["significant"][index]
+    ablation_index = planted["ablation"]["token_ids"].index(NOISE_RELIED_ON)
+    assert not significant and planted["ablation"]["significant"][ablation_index]
+    assert planted["ablation"]["preferred_tower"][ablation_index] == 1 - probe_tower
+    page.locator(f".token.scored[data-type='{NOISE_RELIED_ON}']").first.hover()
+    card = page.locator("#card")
+    assert card.locator("[data-field=significance]").inner_text().startswith(
+        f"Beyond probe noise, after Benjamini-Hochberg over the {results['num_eligible_types']} eligible types at "
+        "alpha = 0.05: no; p = "
+    )
+    assert card.locator("[data-field=ablation]").inner_text().startswith(
+        f"Relied on by the joint model (mean ablation, no probe): it loses more without tower {1 - probe_tower}"
+    )
+    # the probes' tower is noise, so the two do not point to different towers: no line says they do
+    assert card.locator("[data-field=measures]").count() == 0
+    # type 20, beyond noise both ways and planted to point to different towers, keeps its line
+    page.locator(f".token.scored[data-type='{PREFERS_TOWER_0}']").first.hover()
+    assert card.locator("[data-field=measures]").count() == 1
 
 
 def test_the_filters_keep_the_tokens_they_name(token_view, planted):

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from twotower.evaluation.scoring import report
-from twotower.evaluation.tower_preference.measure_agreement import agreement_verdict, measure_agreement
+from twotower.evaluation.tower_preference.measure_agreement import (
+    FEW_TYPES, agreement_meaning, agreement_verdict, measure_agreement,
+)
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 
 from test_replica_report import MIN_COUNT, PROBE_RUNS, PROBE_TOWERS, replica_predictions
@@ -69,3 +71,43 @@ def test_a_reliable_preference_the_joint_model_shares_is_said_to_be_in_part_its_
     markdown = reliable_report(0.57, [0.52, 0.62])
     assert "They agree: a tower whose features decode" in markdown.split("## Perplexity")[0]
     assert "the preference relied on by the joint model (mean ablation, no probe) agrees with it (r = 0.57)" in markdown
+
+
+def test_a_strong_negative_agreement_over_few_types_is_worded_as_such_with_a_caveat():
+    # six types whose ablation preference is nearly the probes' mirror image, as on a short text
+    probe = np.array([0.30, -0.20, 0.10, -0.40, 0.25, -0.05])
+    ablation = -probe + np.array([0.02, -0.03, 0.05, 0.01, -0.04, 0.03])
+    agreement = measure_agreement(np.stack([probe, -probe]), np.stack([ablation, -ablation]), np.ones(6, bool))
+    assert agreement["r"] == pytest.approx(np.corrcoef(probe, ablation)[0, 1]) and agreement["r"] < -0.9
+    assert agreement["ci"][1] < 0 and agreement_verdict(agreement) == "disagree"
+    meaning = agreement_meaning(agreement)
+    assert meaning.startswith("They point opposite ways: where a tower's features decode a type better, the joint "
+                              "model tends to rely on the other tower for it")
+    assert "says nothing" not in meaning
+    assert meaning.endswith("Over only 6 types, though: a correlation over so few types moves a lot with each type, "
+                            "so read it as a hint.")
+    # strongly negative, but an interval that reaches 0: still opposite ways, and said to be uncertain
+    uncertain = agreement_meaning({"r": -0.7, "ci": [-0.95, 0.1], "num_types": 8})
+    assert uncertain.startswith("They point opposite ways, though the interval reaches 0:")
+
+
+def test_no_agreement_over_many_types_is_worded_without_the_caveat():
+    probe, ablation = planted(0.0)
+    agreement = measure_agreement(probe, ablation, np.ones(probe.shape[1], bool))
+    assert agreement["num_types"] == 400 >= FEW_TYPES and agreement["ci"][0] < 0 < agreement["ci"][1]
+    meaning = agreement_meaning(agreement)
+    assert meaning.startswith("They do not agree: the correlation cannot be told from 0")
+    assert "opposite" not in meaning and "Over only" not in meaning
+
+
+def test_the_strong_negative_wording_reaches_report_md_and_its_ablation_bullets_stay_apart():
+    markdown = reliable_report(-0.94, [-0.99, -0.62])
+    lead = markdown.split("## Perplexity")[0]
+    assert "They point opposite ways: where a tower's features decode a type better" in lead
+    assert "says nothing" not in markdown
+    lines = markdown.splitlines()
+    # each of the ablation section's bullets on its own line
+    correlation = next(line for line in lines if line.startswith("- correlation with the probe preference"))
+    assert correlation.endswith("(95% bootstrap interval over types -0.990 to -0.620)")
+    assert any(line.startswith("- significant over occurrences (Benjamini-Hochberg") for line in lines)
+    assert any(line.startswith("- split-half consistency: 0.900") for line in lines)

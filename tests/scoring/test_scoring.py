@@ -237,7 +237,12 @@ def test_scored_blocks_are_the_training_commands(scored):
     # a validation file alone, or with the training file: the validation blocks training evaluated on
     for data in (files, {"validation_file": files["validation_file"]}):
         args = score.ScoringArguments(model_dir=model_dir, output_dir="unused", block_size=BLOCK_SIZE, **data)
-        torch.testing.assert_close(input_ids(score.load_blocks(args, tokenizer)), input_ids(scored["blocks"]["validation"]))
+        blocks, text_tokens = score.load_blocks(args, tokenizer)
+        torch.testing.assert_close(input_ids(blocks), input_ids(scored["blocks"]["validation"]))
+        # the validation text is a text of its own: how many of its tokens no block holds
+        lines = scored["validation_file"].read_text(encoding="utf-8").splitlines(keepends=True)
+        num_tokens = sum(len(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"])
+        assert text_tokens == {"num_text_tokens": num_tokens, "num_tokens_in_no_block": num_tokens % BLOCK_SIZE}
     # the training text alone: the blocks held out of it, as training holds them out
     args = score.ScoringArguments(
         model_dir=model_dir, output_dir="unused", block_size=BLOCK_SIZE, train_file=files["train_file"],
@@ -245,7 +250,40 @@ def test_scored_blocks_are_the_training_commands(scored):
     )
     lm_datasets = tokenize_and_group(load_raw_datasets("unused", None, files["train_file"]), tokenizer, BLOCK_SIZE)
     held_out = split_blocks(lm_datasets, BLOCK_SIZE, 10.0)["validation"]
-    torch.testing.assert_close(input_ids(score.load_blocks(args, tokenizer)), input_ids(held_out)[:7])
+    blocks, text_tokens = score.load_blocks(args, tokenizer)
+    torch.testing.assert_close(input_ids(blocks), input_ids(held_out)[:7])
+    assert text_tokens is None  # a sample of the training text's blocks: no text of its own to count
+
+
+def test_a_short_texts_last_partial_block_is_reported(scored, tmp_path, capsys):
+    # the first lines of the validation text up to at least 479 tokens: whole blocks of 32 and a partial one
+    tokenizer, text, num_tokens = scored["tokenizer"], "", 0
+    for line in scored["validation_file"].read_text(encoding="utf-8").splitlines(keepends=True):
+        text, num_tokens = text + line, num_tokens + len(tokenizer(line, add_special_tokens=False)["input_ids"])
+        if num_tokens >= 479:
+            break
+    in_no_block = num_tokens % BLOCK_SIZE
+    assert in_no_block > 0
+    (tmp_path / "short.txt").write_text(text, encoding="utf-8")
+    argv = ["--model_dir", str(scored["model_dir"]), "--output_dir", str(tmp_path / "report"), "--validation_file",
+            str(tmp_path / "short.txt"), "--block_size", str(BLOCK_SIZE), "--min_count", str(MIN_COUNT),
+            "--disable_tqdm", "--cpu", "--ablation", "false", "--parts_of_speech", "false"]  # fmt: skip
+    returned = score.main(argv)
+    data = returned["data"]
+    assert data["num_text_tokens"] == num_tokens and data["num_tokens_in_no_block"] == in_no_block
+    assert data["num_blocks"] == num_tokens // BLOCK_SIZE
+    assert data["num_predictions"] == num_tokens // BLOCK_SIZE * (BLOCK_SIZE - 1)  # each block's first is not predicted
+    written, table = report.load_report(tmp_path / "report")
+    assert written["data"] == data
+    markdown = (tmp_path / "report" / report.REPORT_MD).read_text()
+    assert (f"{in_no_block} of the text's {num_tokens} tokens are in no block and were not scored: as the training "
+            "command does, blocks are cut from each 1,000 lines of the text, and the tokens after the last whole "
+            f"block of {BLOCK_SIZE} are left out.") in markdown
+    # the command's one line is unchanged: what the README quotes of the main job
+    assert capsys.readouterr().out.strip().endswith(f"Wrote {tmp_path / 'report'}: {score.summary_line(returned)}")
+    # a text cut into whole blocks only: nothing to report
+    whole = written | {"data": data | {"num_tokens_in_no_block": 0}}
+    assert "are in no block" not in report.render_markdown(whole, table)
 
 
 def train_probe_replicas(model, blocks, replicas):
@@ -522,6 +560,50 @@ def test_the_report_gives_the_preference_per_part_of_speech(scored):
     contrast = tower["function_content"]
     assert f"d = {contrast['d_nats']:.3f} nats" in markdown
     assert f"permutation p = {contrast['p_value']:.3f}" in markdown
+    # every scored type's tag, for a reader to audit: in preference.json, the per-token table and the top tokens
+    kept = tags.table().set_index("token_id")
+    types = section["types"]
+    assert set(types["token_id"]) == set(kept.index) & set(table["token_id"])
+    for token_id, tag, share in zip(types["token_id"], types["tag"], types["tag_share"]):
+        assert (tag, share) == (kept.at[token_id, "tag"], pytest.approx(kept.at[token_id, "agreement"], abs=1e-4))
+    the = scored["tokenizer"].convert_tokens_to_ids("Ġthe")
+    row = table.set_index("token_id").loc[the]
+    assert (row["pos_tag"], row["pos_tag_share"]) == ("DET", pytest.approx(kept.at[the, "agreement"], abs=1e-4))
+    assert table[~table["token_id"].isin(types["token_id"])]["pos_tag"].isna().all()
+    assert re.search(r"\| token +\|.*\| part of speech +\|\n", markdown)
+    top = written["summary"]["top_token_ids"][0][0]
+    tag, share = kept.at[top, "tag"], kept.at[top, "agreement"]
+    assert re.search(rf"\| {top} +\|.*\| {tag}, {share:.0%} +\|\n", markdown)  # the top token's row
+    # an English text: no warning that the English tagger read another language
+    assert section["looks_english"] and section["english_word_share"] > 0.3
+    assert "looks non-English" not in markdown
+
+
+# Le Petit Chaperon rouge, Charles Perrault (1697): a text the English tagger should not be trusted on
+FRENCH = (
+    "Il était une fois une petite fille de village, la plus jolie qu'on eût su voir; sa mère en était folle, et sa "
+    "mère-grand plus folle encore. Cette bonne femme lui fit faire un petit chaperon rouge, qui lui seyait si bien, "
+    "que partout on l'appelait le Petit Chaperon rouge.\n"
+)
+
+
+def test_a_text_that_looks_non_english_is_said_to_be_by_the_part_of_speech_section(scored, tmp_path):
+    pytest.importorskip("spacy", reason='needs spaCy: pip install "twotower[pos]"')
+    (tmp_path / "french.txt").write_text(FRENCH * 4, encoding="utf-8")
+    written = score.score_model(
+        scored["model_dir"], tmp_path / "report", validation_file=str(tmp_path / "french.txt"), block_size=BLOCK_SIZE,
+        min_count=MIN_COUNT, disable_tqdm=True, cpu=True, ablation=False, token_view_blocks=0,
+    )
+    section = written["parts_of_speech"]
+    from spacy.lang.en.stop_words import STOP_WORDS
+
+    words = re.findall(r"[^\W\d_]+", FRENCH)  # runs of letters
+    share = sum(word.lower() in STOP_WORDS for word in words) / len(words)
+    assert share == 2 / 53  # "on", twice
+    assert not section["looks_english"] and section["english_word_share"] == pytest.approx(share)
+    markdown = (tmp_path / "report" / report.REPORT_MD).read_text()
+    assert (f"**The text looks non-English**: only {share:.0%} of its words are common English words (English prose "
+            "has about half), and the tagger is English") in markdown
 
 
 def test_without_the_tagger_the_report_says_how_to_get_it(scored, tmp_path, monkeypatch):

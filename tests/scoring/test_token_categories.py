@@ -5,10 +5,13 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy import stats
+from transformers import GPT2TokenizerFast
 
 from twotower.evaluation.scoring import token_categories
 from twotower.evaluation.scoring.token_categories import (
+    WordStarts,
     categorize,
     category_preferences,
     detect_scheme,
@@ -95,6 +98,28 @@ def test_special_tokens_argument_and_bad_inputs():
         token_kind("the", "sentencepiece")
     with pytest.raises(ValueError, match="not a byte-level BPE token"):
         token_kind("日本", "byte_level")
+
+
+def test_a_piece_that_opens_a_line_is_word_initial(gpt2_tokenizer_dir):
+    tokenizer = GPT2TokenizerFast.from_pretrained(gpt2_tokenizer_dir)
+    vocabulary = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    verse = ("O Romeo, Romeo!\nA plague o' both your houses!\nO, I am slain.\n"
+             "A thousand times good night; Benvolio, Mercutio.\n")
+    ids = tokenizer(verse)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids)[5:7] == ["Ċ", "A"]  # no space marker after a newline
+    word_starts = WordStarts(vocabulary, "byte_level")
+    word_starts.begin_batch({"input_ids": torch.tensor([ids[:18], ids[18:36]])})  # two blocks of the text
+    pieces = ["O", "A", "vol", "io"]  # after a newline ("O" opens the text too, uncounted); inside names
+    table = pd.DataFrame({"token_id": tokenizer.convert_tokens_to_ids(pieces), "token": pieces, "count": 2})
+    kinds = categorize(table, "byte_level", follows_whitespace=word_starts.types())["kind"]
+    assert kinds == ["word-initial", "word-initial", "continuation", "continuation"]
+    assert categorize(table, "byte_level")["kind"] == ["continuation"] * 4  # from the strings alone
+    # a type that opens a line in 1 of its 3 occurrences stays a continuation
+    mostly_inside = WordStarts(vocabulary, "byte_level")
+    ids = tokenizer("Ben\nio Mercutio Benvolio")["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["Ben", "Ċ", "io", "ĠMerc", "ut", "io", "ĠBen", "vol", "io"]
+    mostly_inside.begin_batch({"input_ids": torch.tensor([ids])})
+    assert tokenizer.convert_tokens_to_ids("io") not in mostly_inside.types()
 
 
 def test_detect_scheme(gpt2_vocab, bert_vocab):
