@@ -10,7 +10,8 @@ the scored texts' tags.
 
 Reads REPORT_DIR/run_index.parquet (one row per run, point and text) and each row's type_sums.parquet (per half and
 token type: count, logprob_sum_probe{k} with probe k = tower * replicas + replica) and, where it names them, the
-text's tags (type_tags/*.parquet: token_id, tag, tagged).
+text's tags (type_tags/*.parquet: token_id, tag, tagged). Each table is checked as it is read: one that does not
+read, lacks a column the figures need or holds a NaN or infinite number is named, and nothing is recomputed.
 """
 
 import argparse
@@ -29,6 +30,30 @@ EFFECTS = {"cooperation": [0, 2, 0, 0], "embedding": [0, 0, 2, 0], "interaction"
 FUNCTION_TAGS = ("DET", "ADP", "PRON", "AUX", "CCONJ", "SCONJ", "PART")
 CONTENT_TAGS = ("NOUN", "VERB", "ADJ", "ADV", "PROPN")
 PERMUTATIONS = 1000
+# the columns each kept table must have for the figures, and must hold as finite numbers (the study writes no NaN)
+INDEX_COLUMNS = ("run", "text", "step", "num_towers", "min_count", "cooperative", "separate_embeddings", "path")
+SUMS_COLUMNS = ("half", "token_id", "count", "logprob_sum_probe0")
+TAGS_COLUMNS = ("token_id", "tag", "tagged")
+
+
+class KeptTableError(ValueError):
+    """A kept table the figures cannot be recomputed from."""
+
+
+def read_kept_table(path: Path, columns) -> pd.DataFrame:
+    """A kept Parquet table with `columns`, its numbers finite; else KeptTableError naming the file."""
+    try:
+        table = pd.read_parquet(path)
+    except Exception as error:  # noqa: BLE001 (pyarrow's errors have no common base but Exception)
+        raise KeptTableError(f"{path} cannot be read ({' '.join(str(error).split())})") from error
+    missing = [column for column in columns if column not in table.columns]
+    numbers = table.select_dtypes("number")
+    not_finite = [column for column in numbers if not np.isfinite(numbers[column].to_numpy(np.float64)).all()]
+    if missing:
+        raise KeptTableError(f"{path} lacks the column(s) {missing} (it holds {list(table.columns)})")
+    if not_finite and not set(not_finite) <= {"cross_fitted_r"}:  # the index's r: none where a point was not cross-fit
+        raise KeptTableError(f"{path} holds NaN or infinite values in {not_finite}, which the study never writes")
+    return table
 
 
 def half_means(sums: pd.DataFrame, num_towers: int):
@@ -132,14 +157,15 @@ def endpoint_figures(frame: pd.DataFrame, column: str) -> dict:
 def recompute(report_dir: Path) -> dict:
     """Endpoint 1 (the cross-fitted r) per run and its 2x2 at every text and point; endpoint 3 (the part-of-speech
     z) where the index names the text's kept tags (`type_tags_path`)."""
-    index = pd.read_parquet(report_dir / "run_index.parquet")
-    sums = [pd.read_parquet(report_dir / row.path) for row in index.itertuples()]
+    index = read_kept_table(report_dir / "run_index.parquet", INDEX_COLUMNS)
+    sums = [read_kept_table(report_dir / row.path, SUMS_COLUMNS) for row in index.itertuples()]
     index["value"] = [cross_fitted_r(table, row.num_towers, row.min_count)
                       for table, row in zip(sums, index.itertuples())]
     tagged = "type_tags_path" in index and index["type_tags_path"].notna().all()
     if tagged:
         index["part_of_speech_z"] = [
-            part_of_speech_z(table, row.num_towers, row.min_count, pd.read_parquet(report_dir / row.type_tags_path))
+            part_of_speech_z(table, row.num_towers, row.min_count,
+                             read_kept_table(report_dir / row.type_tags_path, TAGS_COLUMNS))
             for table, row in zip(sums, index.itertuples())]
     index["c"] = np.where(index["cooperative"], 1, -1)
     index["e"] = np.where(index["separate_embeddings"], -1, 1)
@@ -164,7 +190,10 @@ def main(argv=None):
     parser.add_argument("report_dir", type=Path, help="a study's report folder (holding run_index.parquet)")
     parser.add_argument("--json", action="store_true", help="print every figure as JSON, unrounded")
     args = parser.parse_args(argv)
-    result = recompute(args.report_dir)
+    try:
+        result = recompute(args.report_dir)
+    except KeptTableError as error:
+        raise SystemExit(f"error: {error}; copy the study's report folder again (or rerun the study).") from None
     if args.json:
         print(json.dumps(result, indent=1))
         return result

@@ -35,6 +35,7 @@ from twotower.training.utils.atomic import write_atomically
 
 from ..scoring.cross_fitting import CrossFittedPreference
 from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines, tagged_types, tagger_available
+from .kept_files import set_aside_damaged_table
 from ..tower_preference.parts_of_speech import (
     CONTENT_TAGS, FUNCTION_TAGS, NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast,
 )
@@ -155,6 +156,7 @@ def kept_type_tags(report_dir, text_name: str, text_path, tokenizer_file) -> dic
     extra is not installed.
     """
     path = type_tags_path(report_dir, text_name, tokenizer_file)
+    set_aside_damaged_table(path, "type_tags", "the text is tagged again (where spaCy is installed).")
     if not path.is_file():
         if not tagger_available():
             return None
