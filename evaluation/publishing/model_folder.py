@@ -45,14 +45,20 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return weights
 
 
-def check_model_folder(model_dir: Path) -> dict:
-    """The folder's config.json, after checking it holds everything a Hub repository of the model needs."""
+def model_config_file(model_dir: Path) -> Path:
+    """The folder's config.json; a folder without one is not a saved model."""
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(
             f"--model_dir {str(model_dir)!r} has no config.json; pass the `model` folder a training run saved "
             f"(OUTPUT_DIR/model)."
         )
+    return config_file
+
+
+def check_model_folder(model_dir: Path) -> dict:
+    """The folder's config.json, after checking it holds everything a Hub repository of the model needs."""
+    config_file = model_config_file(model_dir)
     config = json.loads(config_file.read_text(encoding="utf-8"))
     if "auto_map" not in config:
         raise TwoTowerUserError(

@@ -36,7 +36,7 @@ from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
-from .model_folder import find_pretrain_config, read_json, read_yaml, short_path
+from .model_folder import find_pretrain_config, model_config_file, read_json, read_yaml, short_path
 from twotower.training.tokenizer import LOADING_FLAGS
 
 PRETRAIN_CONFIG_NAME = "training_config_pretrain.yaml"  # the joint phase's config, staged beside the final one
@@ -165,9 +165,9 @@ def publish_model(
     **card_options,
 ) -> dict:
     """Stage the model repository, then upload it unless `dry_run`; returns {"folder", "files", "commit_url"}."""
-    if dry_run:
-        check_repo_id(repo_id, "--repo_id")
-    else:  # before staging: an upload that cannot happen is refused first
+    check_repo_id(repo_id, "--repo_id")
+    model_config_file(Path(model_dir))  # a folder that is no model is named first
+    if not dry_run:  # before staging: an upload that cannot happen is refused first
         check_hub_target(repo_id, "--repo_id", "pass --dry-run to stage it without uploading")
     folder = stage_model_repo(model_dir, output_dir, repo_id, report_dir, revision=revision, **card_options)
     files = describe_folder(folder)
