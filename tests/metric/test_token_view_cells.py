@@ -119,8 +119,8 @@ def test_every_class_of_cell_has_its_hover_card(scored_text, chromium):
             assert pieces.count() == 0, name
         else:  # one token per byte: the BPE learned no merge of these characters
             assert pieces.inner_text().startswith(f"One character, {len(text.encode('utf-8'))} tokens"), name
-        if name == "RTL":  # what a person sees: kept beside the test's other files
-            page.screenshot(path=scored_text["folder"] / "hover_rtl.png")
+        if name in ("RTL", "zero-width joiner sequence"):  # what a person sees: kept beside the test's other files
+            page.screenshot(path=scored_text["folder"] / f"hover_{name.split()[0]}.png")
     # "The" opens every line of the text: after a newline, a piece without the space marker starts a word
     page.locator(".token.scored").nth(page.evaluate(SPAN_INDEX, "The")).hover()
     assert card.locator("[data-field=categories]").inner_text().startswith("kind: word-initial")
