@@ -126,7 +126,7 @@ def gold_logprobs_directly(model_dir, text_file, max_blocks=None):
     scoring code; max_blocks blocks evenly spaced over the text."""
     tokenizer = load_tokenizer(str(model_dir))
     args = ScoringArguments(model_dir=str(model_dir), output_dir="unused", validation_file=str(text_file))
-    blocks = load_blocks(args, tokenizer)
+    blocks, _ = load_blocks(args, tokenizer)  # and the count of the text's tokens in no block
     if max_blocks is not None:
         blocks = blocks.select(np.linspace(0, len(blocks) - 1, max_blocks).round().astype(int).tolist())
     model = load_two_tower(str(model_dir), torch.float32)
