@@ -18,6 +18,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, loggi
 
 from .configuration_twotower import LAYOUTS, PROBE_TYPES, TOWER_TYPES
 from .size_fields import field_that_sizes
+from .towers import TOWER_KINDS
 
 logger = logging.get_logger(__name__)
 
@@ -174,7 +175,7 @@ def _structure_candidates(config):
         values = {**fields, **change}
         if "layout" in change:
             values["embedding_size"] = None  # the new layout's own width
-        if values["tower_type"] != "lstm":
+        if "lstm_hidden_size" not in TOWER_KINDS[values["tower_type"]].size_fields:
             values["lstm_hidden_size"] = None
         try:
             yield type(config)(**values), change

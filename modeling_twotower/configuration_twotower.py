@@ -4,6 +4,8 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
+from .towers import TOWER_KINDS
+
 logger = logging.get_logger(__name__)
 
 # The paper's sizes (arXiv 2210.07041 and its code's configs; docs/FAITHFULNESS.md); every size describes ONE
@@ -42,7 +44,7 @@ PRESETS = {
 }  # fmt: skip
 LAYOUTS = ("bert", "gpt", "elmo")
 INITIALIZATIONS = ("normal", "reference")
-TOWER_TYPES = ("transformer", "lstm", "ssm")
+TOWER_TYPES = tuple(TOWER_KINDS)  # the registered tower kinds (towers.py)
 PROBE_TYPES = ("mlp", "linear")
 
 
@@ -90,7 +92,10 @@ class TwoTowerConfig(PretrainedConfig):
       | output bias of the tied decoder | 0 | 0 | 0 |
 
       L is `num_hidden_layers`; torch's Linear default is U(+-1/sqrt(fan_in)) for weight and bias. The residual
-      scaling is DeepSpeed's transformer kernel's (bert) and GPT-2's `c_proj` rule (gpt).
+      scaling is DeepSpeed's transformer kernel's (bert) and GPT-2's `c_proj` rule (gpt). The state-space towers
+      (bert layout) draw their mixers' Linear layers by torch's default too (most have no bias), their depthwise
+      convolutions by torch's Conv1d default, and A, D and the time step as Mamba does. Each kind declares the
+      draws of its own layers (`reference_initializers` in its `towers_*.py`).
 
     `embedding_size=hidden_size` with the bert layout keeps the embedding norm and the per-tower projection; it
     spends about the FLOPs of one GPT-2 of width h and `num_towers * num_hidden_layers` layers.
@@ -138,7 +143,7 @@ class TwoTowerConfig(PretrainedConfig):
         num_towers: int = 2,  # 2 in the paper; 3 or more also work
         embedding_size: int | None = None,  # shared embedding and tied decoder width (None: the layout's, see above)
         layout: str = "bert",  # bert | gpt | elmo: the reference code's variant (see above)
-        tower_type: str | None = None,  # transformer | lstm | ssm (None: lstm for layout elmo, else transformer)
+        tower_type: str | None = None,  # a kind of towers.py: transformer | lstm | ssm (None: the layout's first)
         lstm_hidden_size: int | None = None,  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
         bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
         cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
@@ -248,20 +253,24 @@ class TwoTowerConfig(PretrainedConfig):
                 f"got {self.num_towers!r}."
             )
         self._validate_layout()
-        if self.tower_type == "transformer" and self.hidden_size % self.num_attention_heads != 0:
+        kind = TOWER_KINDS[self.tower_type]
+        if kind.has_attention and self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
                 f"({self.num_attention_heads}); change one of them, e.g. hidden_size="
                 f"{self.num_attention_heads * max(1, round(self.hidden_size / self.num_attention_heads))}."
             )
-        if self.tower_type == "ssm":
-            self.use_cache = False  # state-space towers keep no state cache: generation recomputes the prefix
-        if self.tower_type == "lstm":
+        if not kind.has_cache:
+            self.use_cache = False  # no key/value cache: generation recomputes the prefix at every step
+        if "lstm_hidden_size" in kind.size_fields:
             self._validate_lstm()
         elif self.lstm_hidden_size is not None:
+            kinds = " or ".join(f"tower_type={name!r}" for name, other in TOWER_KINDS.items()
+                                if "lstm_hidden_size" in other.size_fields)  # fmt: skip
+            sizes = ", ".join(f"`{field}`" for field in ("hidden_size", *kind.size_fields))
             raise ValueError(
-                f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to tower_type='lstm'; drop it for "
-                f"transformer towers (their MLP width is `intermediate_size`)."
+                f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to {kinds}; drop it ({self.tower_type} "
+                f"towers are sized by {sizes})."
             )
         if self.tower_heads and not self.cooperative:
             raise ValueError(
@@ -294,25 +303,30 @@ class TwoTowerConfig(PretrainedConfig):
                 f"Unknown `layout` {self.layout!r}; use one of {list(LAYOUTS)} (a config written by a newer version "
                 f"of twotower needs that version)."
             )
+        layout_kinds = [name for name, kind in TOWER_KINDS.items() if self.layout in kind.layouts]
         if self.tower_type is None:
-            self.tower_type = "lstm" if self.layout == "elmo" else "transformer"
-        if self.tower_type not in TOWER_TYPES:
-            raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_TYPES)}.")
-        layout_towers = {"gpt": "transformer", "elmo": "lstm"}.get(self.layout, self.tower_type)
-        if self.tower_type != layout_towers:
+            self.tower_type = layout_kinds[0]
+        if self.tower_type not in TOWER_KINDS:
+            raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_KINDS)}.")
+        kind = TOWER_KINDS[self.tower_type]
+        if self.layout not in kind.layouts:
             raise ValueError(
-                f"layout={self.layout!r} has {layout_towers} towers, not tower_type={self.tower_type!r}; drop "
-                f"`tower_type` (this package's LSTM towers in the bert layout: layout='bert', tower_type='lstm')."
+                f"layout={self.layout!r} has {' or '.join(layout_kinds)} towers, not tower_type={self.tower_type!r}; "
+                f"drop `tower_type`, or use a layout of {self.tower_type} towers: {list(kind.layouts)}."
             )
         if self.layout == "elmo" and self.hidden_size % 2 != 0:
             raise ValueError(
                 f"layout='elmo': `hidden_size` ({self.hidden_size}) is one tower's width, a forward and a backward "
                 f"LM of hidden_size // 2 each; use an even hidden_size, e.g. {self.hidden_size + 1}."
             )
-        if self.layout == "elmo" and self.bidirectional is False:
+        stack = kind.stack_class(self.layout)
+        if self.bidirectional is not None and self.bidirectional not in stack.directions:
             raise ValueError(
-                "layout='elmo' is the reference's forward + backward ELMo, a masked-family (bidirectional) model: "
-                "use TwoTowerForMaskedLM, or layout='bert' with tower_type='lstm' for a causal LSTM LM."
+                f"layout={self.layout!r} has {stack.card_names[stack.directions[0]]} towers only, not "
+                f"bidirectional={self.bidirectional}: use "
+                f"{'TwoTowerForCausalLM' if self.bidirectional else 'TwoTowerForMaskedLM'}, or for "
+                f"{'bidirectional' if self.bidirectional else 'causal'} {self.tower_type} towers a layout of "
+                f"{[layout for layout in kind.layouts if self.bidirectional in kind.stack_class(layout).directions]}."
             )
         default_embedding_size = {
             "bert": ("num_towers * hidden_size", self.fused_hidden_size),
@@ -349,8 +363,6 @@ class TwoTowerConfig(PretrainedConfig):
                 f"LSTM cells are projected down to the tower width, never up; use lstm_hidden_size >= "
                 f"{self.hidden_size} (equal: no projection)."
             )
-        # LSTM state is not a key/value cache: generation recomputes the prefix at every step.
-        self.use_cache = False
 
 
 __all__ = ["TwoTowerConfig", "PRESETS", "INITIALIZATIONS", "LAYOUTS", "PROBE_TYPES", "TOWER_TYPES"]

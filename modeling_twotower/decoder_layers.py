@@ -4,7 +4,10 @@ Attention folds the towers into the head dimension, so one attention call (and o
 every tower's heads, and towers never exchange information.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -14,7 +17,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBlockLinear
-from .configuration_twotower import TwoTowerConfig
+
+if TYPE_CHECKING:  # the config reads the tower kinds (its choices), so their layers name it in annotations only
+    from .configuration_twotower import TwoTowerConfig
 
 
 def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):

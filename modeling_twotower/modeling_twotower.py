@@ -34,7 +34,7 @@ from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
 from .token_scoring import TwoTowerTokenScoring
 from .tower_stack import KindInitialized
-from .towers import tower_stack
+from .towers import tower_stack, tower_stack_class
 
 
 @dataclass
@@ -100,7 +100,7 @@ class TwoTowerPreTrainedModel(PreTrainedModel):
         if isinstance(module, KindInitialized):  # after its children: what a tower kind draws its own way
             module.init_kind_weights(self.config)
         if self.config.initialization == "reference":
-            init_reference_weights(module, self.config, self.get_output_embeddings())
+            init_reference_weights(module, self.config, self.get_output_embeddings(), tower_stack_class(self.config))
             return
         super()._init_weights(module)  # nn.Linear (incl. the decoder's output bias), nn.Embedding, *LayerNorm, LSTM
         if isinstance(module, TwoTowerBatchedLinear):
@@ -121,8 +121,9 @@ class TwoTowerModel(TwoTowerPreTrainedModel):
 
     def __init__(self, config: TwoTowerConfig, bidirectional: bool | None = None):
         super().__init__(config)
-        if bidirectional is None:
-            bidirectional = config.layout == "elmo" if config.bidirectional is None else config.bidirectional
+        if bidirectional is None:  # the config's, else causal unless the stack has no causal towers (the ELMo layout)
+            only_bidirectional = False not in tower_stack_class(config).directions
+            bidirectional = only_bidirectional if config.bidirectional is None else config.bidirectional
         self.bidirectional = bidirectional
         self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size, config.pad_token_id)
         self.embeddings = tower_embeddings(config)
@@ -202,10 +203,13 @@ class TwoTowerLMHeadModel(TwoTowerTokenScoring, TwoTowerPreTrainedModel):
     target_shift = 0  # position t predicts token t + target_shift: the one place that says so
 
     def __init__(self, config: TwoTowerConfig):
-        if config.layout == "elmo" and not self.towers_bidirectional:
+        stack = tower_stack_class(config)
+        if self.towers_bidirectional not in stack.directions:
             raise ValueError(
-                f"{type(self).__name__} cannot have layout='elmo', the reference's forward + backward ELMo (a masked-"
-                f"family model): use TwoTowerForMaskedLM, or layout='bert' with tower_type='lstm' for a causal LSTM LM."
+                f"{type(self).__name__} cannot have layout={config.layout!r}, whose {config.tower_type} towers are "
+                f"{stack.card_names[stack.directions[0]]} only: use "
+                f"{'TwoTowerForMaskedLM' if stack.directions[0] else 'TwoTowerForCausalLM'}, or another layout of "
+                f"tower_type={config.tower_type!r}."
             )
         if config.bidirectional not in (None, self.towers_bidirectional):
             wanted = "TwoTowerForMaskedLM" if config.bidirectional else "TwoTowerForCausalLM"

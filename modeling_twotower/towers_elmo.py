@@ -3,11 +3,18 @@ The reference code's ELMo layout (`layout="elmo"`): per tower a forward and a ba
 of width 256 with cells of 2048 or 4096.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from .configuration_twotower import TwoTowerConfig
+from .reference_initialization import torch_default_lstm_
 from .tower_stack import TowerStack, stack_output
+
+if TYPE_CHECKING:  # the config reads the kinds (its choices), so a kind names the config in annotations only
+    from .configuration_twotower import TwoTowerConfig
 
 
 def _unprojected_lstm(config: TwoTowerConfig) -> nn.LSTM:
@@ -32,13 +39,33 @@ class TwoTowerELMoTowers(TowerStack):
     one after the other, as cuDNN/oneDNN LSTM kernels take one sequence batch per call.
     """
 
-    tower_type = "lstm"
+    tower_type = "lstm"  # the lstm kind's stack in the ELMo layout (TwoTowerLSTMTowers.stack_class)
+    directions = (True,)  # a forward and a backward LM: the masked family only
+    size_fields = ("lstm_hidden_size",)
     kind_name = "LSTM"
     no_split_module = "TwoTowerELMoTowers"
+    reference_initializers = {nn.LSTM: torch_default_lstm_}
     card_names = {True: "forward + backward LSTM (ELMo-style)"}
+    card_size_rows = (
+        ("LSTM cell size (`lstm_hidden_size`), projected back to the tower width (half of it per direction)",
+         "lstm_hidden_size"),
+    )  # fmt: skip
+    card_limitations = {
+        True: "The towers are ELMo-style LSTMs; the paper reports the preference for this family alongside its BERT "
+        "and GPT ones, and its strength need not match theirs.",
+    }
     card_tags = ("lstm",)
 
-    def __init__(self, config: TwoTowerConfig):
+    @classmethod
+    def card_architecture(cls, config: TwoTowerConfig, bidirectional: bool) -> str:
+        return (
+            "a forward and a backward language model, each direction a LayerNorm, the tower's linear projection, an "
+            "unprojected multi-layer LSTM and a linear map back to half the tower width; position t reads the "
+            "forward LM after t - 1 and the backward LM after t + 1, never token t itself"
+        )
+
+    def __init__(self, config: TwoTowerConfig, bidirectional: bool):
+        # bidirectional is True, its only direction (`directions`): every stack is built with it
         super().__init__()
         self.forward_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.backward_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)

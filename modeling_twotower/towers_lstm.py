@@ -1,14 +1,23 @@
 """
 This package's LSTM towers in the bert layout (`tower_type="lstm"`): each tower's multi-layer LSTM, forward only
-(causal) or with a backward one (ELMo-style, the masked family). The reference's ELMo layout is `towers_elmo.py`.
+(causal) or with a backward one (ELMo-style, the masked family). The kind's other layout, the reference's ELMo, has
+a stack of its own (`towers_elmo.py`).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .configuration_twotower import TwoTowerConfig
+from .reference_initialization import torch_default_lstm_
 from .tower_stack import TowerStack, stack_output
+from .towers_elmo import TwoTowerELMoTowers
+
+if TYPE_CHECKING:  # the config reads the kinds (its choices), so a kind names the config in annotations only
+    from .configuration_twotower import TwoTowerConfig
 
 
 def _tower_lstm(config: TwoTowerConfig) -> nn.LSTM:
@@ -38,10 +47,28 @@ class TwoTowerLSTMTowers(TowerStack):
     """
 
     tower_type = "lstm"
+    layouts = ("bert", "elmo")
+    size_fields = ("lstm_hidden_size",)
     kind_name = "LSTM"
     no_split_module = "TwoTowerLSTMTowers"  # what device maps and FSDP keep whole
+    reference_initializers = {nn.LSTM: torch_default_lstm_}
     card_names = {False: "forward LSTM", True: "forward + backward LSTM (ELMo-style)"}
+    card_size_rows = (("LSTM cell size (`lstm_hidden_size`), projected back to the tower width", "lstm_hidden_size"),)
+    card_limitations = TwoTowerELMoTowers.card_limitations  # its bidirectional towers are ELMo-style too
     card_tags = ("lstm",)
+
+    @classmethod
+    def stack_class(cls, layout: str) -> type[TowerStack]:
+        return TwoTowerELMoTowers if layout == "elmo" else cls
+
+    @classmethod
+    def card_architecture(cls, config: TwoTowerConfig, bidirectional: bool) -> str:
+        if bidirectional:
+            return (
+                "a forward and a backward multi-layer LSTM, and position t reads the forward stack at t - 1 and the "
+                "backward stack at t + 1, never token t itself"
+            )
+        return "a multi-layer forward LSTM"
 
     def __init__(self, config: TwoTowerConfig, bidirectional: bool):
         super().__init__()

@@ -10,6 +10,10 @@ Each tower is its own MambaMixer, so the towers run one after the other. The tow
 generation recomputes the prefix at every step.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -17,8 +21,11 @@ from transformers import MambaConfig
 from transformers.models.mamba.modeling_mamba import MambaMixer
 
 from .batched_layers import TwoTowerBatchedLayerNorm
-from .configuration_twotower import TwoTowerConfig
+from .reference_initialization import torch_default_
 from .tower_stack import KindInitialized, TowerStack, stack_output
+
+if TYPE_CHECKING:  # the config reads the kinds (its choices), so a kind names the config in annotations only
+    from .configuration_twotower import TwoTowerConfig
 
 SSM_STATE_SIZE = 16  # Mamba's N: the state per channel
 CONV_KERNEL = 4  # Mamba's causal convolution width
@@ -100,6 +107,12 @@ class TwoTowerSSMBlock(nn.Module):
         return hidden_states + self.dropout(self.mixer(self.norm(hidden_states), attention_mask=attention_mask))
 
 
+def _reference_convolution_(module: nn.Conv1d, config: TwoTowerConfig) -> None:
+    # torch's Conv1d default, as Mamba's reference code keeps it: U(+-1/sqrt(fan_in)) for weight and bias, fan_in
+    # the kernel's taps of one channel (depthwise)
+    torch_default_(module.weight, module.bias, module.weight[0].numel())
+
+
 def _tower_stacks(config: TwoTowerConfig) -> nn.ModuleList:
     # [towers][layers]
     layers = range(config.num_hidden_layers)
@@ -119,13 +132,38 @@ class TwoTowerSSMTowers(TowerStack):
     in and out."""
 
     tower_type = "ssm"
+    layouts = ("bert",)
+    size_fields = ("intermediate_size",)
     kind_name = "state-space"
     no_split_module = "TwoTowerSSMTowers"
+    # the mixers' Linear layers (bias-free but dt_proj) draw as every Linear does; A, D and the time step's
+    # projection Mamba's own way after them (TwoTowerMambaMixer.init_kind_weights)
+    reference_initializers = {nn.Conv1d: _reference_convolution_}
     card_names = {
-        False: "causal selective state space (Mamba-style)",
-        True: "forward + backward selective state space (Mamba-style, ELMo-style pairs)",
+        False: "causal selective state-space (Mamba-style)",
+        True: "forward + backward selective state-space (Mamba-style)",
+    }
+    card_size_rows = (("Mixer channels per layer (`intermediate_size`, Mamba's expanded width)", "intermediate_size"),)
+    card_limitations = {
+        direction: "The towers are selective state-space stacks (Mamba-style), a family the paper does not study "
+        "(it predates Mamba); the preference it reports need not carry over to them."
+        for direction in (False, True)
     }
     card_tags = ("ssm", "mamba")
+
+    @classmethod
+    def card_architecture(cls, config: TwoTowerConfig, bidirectional: bool) -> str:
+        blocks = (
+            "pre-LayerNorm residual blocks around a selective state-space mixer (Mamba's: a gated input projection, "
+            f"a causal depthwise convolution, an input-dependent time step, B and C, then the scan over a state of "
+            f"{SSM_STATE_SIZE} per channel)"
+        )
+        if bidirectional:
+            return (
+                f"a forward and a backward stack of {blocks}; position t joins the forward stack at t - 1 and the "
+                "backward stack at t + 1 (never token t itself) under the tower's own LayerNorm"
+            )
+        return f"a stack of {blocks}, ending in the tower's own LayerNorm"
 
     def __init__(self, config: TwoTowerConfig, bidirectional: bool):
         super().__init__()

@@ -3,7 +3,13 @@ Transformer towers: the batched decoder layers of `decoder_layers.py`, every tow
 kind that reads the attention mask, the cache and the positions.
 """
 
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
 from torch import nn
+from transformers import initialization as init
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_causal_mask,
@@ -11,10 +17,19 @@ from transformers.masking_utils import (
     packed_sequence_mask_function,
 )
 
-from .batched_layers import TowerStackOutput, TwoTowerBatchedLayerNorm, concat_towers
-from .configuration_twotower import TwoTowerConfig
+from .batched_layers import TowerStackOutput, TwoTowerBatchedLayerNorm, TwoTowerBlockLinear, concat_towers
 from .decoder_layers import TwoTowerDecoderLayer
 from .tower_stack import TowerStack
+
+if TYPE_CHECKING:  # the config reads the kinds (its choices), so a kind names the config in annotations only
+    from .configuration_twotower import TwoTowerConfig
+
+
+def _reference_block_linear_(module: TwoTowerBlockLinear, config: TwoTowerConfig) -> None:
+    # DeepSpeed's kernel and GPT-2 alike: N(0, r), the residual writers scaled by 1/sqrt(2 L)
+    depth_scale = 1 / math.sqrt(2 * config.num_hidden_layers) if module.writes_residual else 1.0
+    init.normal_(module.weight, mean=0.0, std=config.initializer_range * depth_scale)
+    init.zeros_(module.bias)
 
 
 class TwoTowerTransformerTowers(TowerStack):
@@ -24,13 +39,27 @@ class TwoTowerTransformerTowers(TowerStack):
     """
 
     tower_type = "transformer"
+    layouts = ("bert", "gpt")
+    size_fields = ("intermediate_size",)
     kind_name = "transformer"
     no_split_module = "TwoTowerDecoderLayer"
     has_cache = True
     has_attention = True
     sees_predicted_token = True  # bidirectional attention reads position t itself
     accepts_packed_rows = True
+    reference_initializers = {TwoTowerBlockLinear: _reference_block_linear_}
     card_names = {False: "causal transformer (GPT-style)", True: "bidirectional transformer (BERT-style)"}
+    card_size_rows = (
+        ("Attention heads per tower", "num_attention_heads"),
+        ("MLP width per tower (`intermediate_size`)", "intermediate_size"),
+    )
+
+    @classmethod
+    def card_architecture(cls, config: TwoTowerConfig, bidirectional: bool) -> str:
+        attention = "bidirectional" if bidirectional else "causal"
+        if config.layout == "gpt":
+            return f"a GPT-2 stack, {attention}, ending in its own LayerNorm"
+        return f"a pre-LayerNorm {attention} transformer stack"
 
     def __init__(self, config: TwoTowerConfig, bidirectional: bool):
         super().__init__()

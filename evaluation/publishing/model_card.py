@@ -53,16 +53,19 @@ def model_card_template() -> Path:
 
 
 def describe_family(model_config: dict) -> dict:
-    """What kind of two-tower model this is: objective, towers, cooperation, and its Hub names and tags."""
+    """What kind of two-tower model this is: objective, towers (in their kind's own words: tower_stack.py),
+    cooperation, and its Hub names and tags."""
     objective, config = objective_of(model_config), TwoTowerConfig.from_dict(model_config)
-    towers, cooperative = tower_stack_class(config), config.cooperative
+    towers, cooperative, bidirectional = tower_stack_class(config), config.cooperative, objective == "masked"
     tags = [*TAGS, "causal-lm" if objective == "causal" else "masked-lm", *towers.card_tags]
     tags += [] if cooperative else ["independent-towers-control"]
     return {
         "objective": objective,
         "kind": "causal language model" if objective == "causal" else "masked language model",
-        "towers": towers.card_names[objective == "masked"],
-        "tower_type": config.tower_type,
+        "towers": towers.card_names[bidirectional],
+        "tower_architecture": towers.card_architecture(config, bidirectional),
+        "tower_sizes": [(label, getattr(config, field)) for label, field in towers.card_size_rows],
+        "tower_limitation": towers.card_limitations.get(bidirectional),
         "masking": needs_masking(objective, towers),
         "cooperative": cooperative,
         "auto_class": AUTO_CLASSES[objective].__name__,
@@ -82,13 +85,12 @@ def phase_config(training_config: dict) -> dict:
 
 def describe_architecture(model_config: dict, weight_files: list[Path], tokenizer) -> dict:
     num_parameters, num_probe_parameters = count_parameters(weight_files)
-    names = ("num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    names = ("num_towers", "hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")
     fused_hidden_size = model_config["num_towers"] * model_config["hidden_size"]
     return {
-        **{name: model_config[name] for name in (*names, "vocab_size", "max_position_embeddings")},
+        **{name: model_config[name] for name in names},
         "layout": model_config["layout"],
         "initialization": model_config["initialization"],
-        "lstm_hidden_size": model_config["lstm_hidden_size"],
         "fused_hidden_size": fused_hidden_size,
         "embedding_size": model_config["embedding_size"],
         "tokenizer_size": len(tokenizer),

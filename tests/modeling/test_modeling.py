@@ -96,7 +96,8 @@ def test_model_type_is_namespaced_and_config_round_trips(tmp_path):
         (dict(layout="gpt", tower_type="lstm"), "layout='gpt' has transformer towers, not tower_type='lstm'"),
         (dict(layout="gpt", embedding_size=24), r"layout='gpt' .* `embedding_size` must equal hidden_size \(12\)"),
         (dict(layout="elmo", hidden_size=15, num_attention_heads=5), "use an even hidden_size, e.g. 16"),
-        (dict(layout="elmo", bidirectional=False), "layout='elmo' is .* use TwoTowerForMaskedLM"),
+        (dict(layout="elmo", bidirectional=False), "layout='elmo' has .* towers only, not bidirectional=False: use "
+         r"TwoTowerForMaskedLM, or for causal lstm towers a layout of \['bert'\]"),
         (dict(initialization="xavier"), r"Unknown `initialization` 'xavier'; use one of \['normal', 'reference'\]"),
     ],
 )
