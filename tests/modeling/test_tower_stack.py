@@ -1,13 +1,11 @@
 """The base model's parts, each chosen once for the config's layout: the embedding, the towers' stack and their fusion
-(checkpoints saved before they were modules: tests/modeling/test_convert_checkpoint.py)."""
+(checkpoints saved before they were modules: tests/modeling/test_convert_checkpoint.py; every tower kind's stack:
+tests/modeling/test_kind_conformance.py)."""
 
 import inspect
 import re
-from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM, TwoTowerModel
 from modeling_twotower.embeddings import (
@@ -17,31 +15,29 @@ from modeling_twotower.embeddings import (
     TwoTowerSeparateEmbeddings,
 )
 from modeling_twotower.fusion import TwoTowerFusion, TwoTowerIndependentFusion
-from modeling_twotower.towers_elmo import TwoTowerELMoTowers
-from modeling_twotower.towers_lstm import TwoTowerLSTMTowers
-from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
+from modeling_twotower.towers import tower_stack_class
 
 SIZES = dict(vocab_size=64, hidden_size=12, num_hidden_layers=2, num_attention_heads=3, intermediate_size=20)
-# config overrides -> the embedding, stack and fusion classes the base model holds
+# config overrides -> the embedding and fusion classes the base model holds (its stack: the config's kind's)
 PARTS = {
-    "bert": ({}, TwoTowerEmbeddings, TwoTowerTransformerTowers, TwoTowerFusion),
-    "bert-control": ({"cooperative": False}, TwoTowerEmbeddings, TwoTowerTransformerTowers, TwoTowerIndependentFusion),
+    "bert": ({}, TwoTowerEmbeddings, TwoTowerFusion),
+    "bert-control": ({"cooperative": False}, TwoTowerEmbeddings, TwoTowerIndependentFusion),
     "separate": ({"separate_embeddings": True, "cooperative": False}, TwoTowerSeparateEmbeddings,
-                 TwoTowerTransformerTowers, TwoTowerIndependentFusion),
-    "gpt": ({"layout": "gpt"}, TwoTowerGPTEmbeddings, TwoTowerTransformerTowers, TwoTowerFusion),
-    "lstm": ({"tower_type": "lstm"}, TwoTowerEmbeddings, TwoTowerLSTMTowers, TwoTowerFusion),
-    "elmo": ({"layout": "elmo", "lstm_hidden_size": 16}, TwoTowerELMoEmbeddings, TwoTowerELMoTowers, TwoTowerFusion),
+                 TwoTowerIndependentFusion),
+    "gpt": ({"layout": "gpt"}, TwoTowerGPTEmbeddings, TwoTowerFusion),
+    "elmo": ({"layout": "elmo", "lstm_hidden_size": 16}, TwoTowerELMoEmbeddings, TwoTowerFusion),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", PARTS)
 def test_the_config_chooses_each_part_once(name):
-    overrides, embeddings, towers, fusion = PARTS[name]
+    overrides, embeddings, fusion = PARTS[name]
+    config = TwoTowerConfig(**SIZES, **overrides)
     model_class = TwoTowerForMaskedLM if overrides.get("layout") == "elmo" else TwoTowerForCausalLM
-    model = model_class(TwoTowerConfig(**SIZES, **overrides)).model
-    assert (type(model.embeddings), type(model.towers), type(model.fusion)) == (embeddings, towers, fusion)
-    assert set(model._no_split_modules) == {towers.no_split_module}  # a class the model holds
-    assert towers.no_split_module in {type(module).__name__ for module in model.modules()}
+    model = model_class(config).model
+    assert (type(model.embeddings), type(model.towers), type(model.fusion)) == (
+        embeddings, tower_stack_class(config), fusion
+    )
     # the parameters are the token embedding's and those of the three parts (the ELMo towers hold their own norms)
     parts = {name.split(".")[0] for name, _ in model.named_parameters()}
     assert parts == {"embed_tokens", "towers", "fusion"} | ({"embeddings"} if name != "elmo" else set())

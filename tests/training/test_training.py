@@ -374,11 +374,9 @@ def test_optimizer_decays_weights_but_not_norms_or_biases(pretrain_run):
         dict(),
         dict(embedding_size=64),
         dict(cooperative=False),
-        dict(tower_type="lstm", lstm_hidden_size=96),
-        dict(tower_type="lstm", lstm_hidden_size=96, embedding_size=64),
     ],
-    ids=["transformer", "tower-wide-embedding", "independent-towers-control", "lstm", "lstm-tower-wide-embedding"],
-)
+    ids=["transformer", "tower-wide-embedding", "independent-towers-control"],
+)  # every tower kind: tests/modeling/test_kind_conformance.py
 def test_flops_per_token_counts_every_matmul_weight(architecture):
     config = modeling_twotower.TwoTowerConfig.from_preset("tiny", vocab_size=320, **architecture)
     model = modeling_twotower.TwoTowerForCausalLM(config)
@@ -394,7 +392,7 @@ def test_flops_per_token_counts_every_matmul_weight(architecture):
 
     tied_decoder = model.lm_head.decoder.weight.numel() if config.cooperative else 0
     trained = matmul_weights(("model.", "lm_head.")) + tied_decoder
-    attention = 0 if config.tower_type == "lstm" else 2 * 2 * 64 * block_size  # layers * towers * width * context
+    attention = 2 * 2 * 64 * block_size  # layers * towers * width * context
     assert flops_per_token(model, block_size, "pretrain") == 6 * trained + 12 * attention
     # The probe phase caches the frozen towers' features once: a step trains only the probes, every replica.
     assert flops_per_token(model, block_size, "probe") == 6 * matmul_weights(("probes.",))
@@ -415,11 +413,11 @@ def test_a_compiled_model_is_saved_under_its_own_parameter_names():
 
 
 def test_push_to_hub_uploads_the_final_folder(corpus, tmp_path, monkeypatch, capsys, caplog):
+    secret = "hf_not_a_real_token_4c1d"
+    monkeypatch.setenv("HF_TOKEN", secret)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # offline, an upload is refused
     writer = {"name": "someone", "auth": {"accessToken": {"role": "write"}}}  # the Hub accepts the token
     monkeypatch.setattr(HfApi, "whoami", lambda self, token: writer)
-    secret = "hf_not_a_real_token_4c1d"
-    monkeypatch.setenv("HF_TOKEN", secret)
     calls = {}
     commit = CommitInfo(
         commit_url="https://huggingface.co/someone/tiny-twotower/commit/0123abc", commit_message="Upload",
