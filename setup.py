@@ -54,15 +54,22 @@ setup(
         "twotower.evaluation.tower_preference": ["README.md", "requirements.txt", "app.py", "token_view.html.j2"],
     },
     install_requires=[
-        "torch>=2.4",
-        "transformers>=5.0,<6",
+        # The floors of torch and the Hugging Face stack are what scripts/test_version_range.sh installs and tests
+        # (with the newest releases of each range), in CI after the suite. torch: transformers 5.24 turns PyTorch off
+        # below 2.6; tested at the CPU pin 2.13.0 only, as PyPI's builds of other versions are CUDA ones.
+        "torch>=2.6",
+        # 5.24 renamed the cache keyword of masks, outputs and generation from `past_key_values` to `cache`, as the
+        # model names it: 5.0 to 5.23 fail the modeling tests (and before 5.10, transformers copies from a local
+        # folder only the modules that the Hub custom code's entry file imports itself). modeling_twotower.py checks
+        # the same floor, for the Hub custom code.
+        "transformers>=5.24,<6",
         "accelerate>=1.10,<2",
         "datasets>=4.0,<6",
         "evaluate>=0.4.6,<0.5",
-        "huggingface-hub>=1.0,<3",
+        "huggingface-hub>=1.31,<3",  # transformers 5.24's floor, as are those of safetensors and tokenizers
         "jinja2>=3.1",  # huggingface_hub's ModelCard.from_template
-        "safetensors>=0.4",
-        "tokenizers>=0.22",
+        "safetensors>=0.8",
+        "tokenizers>=0.23.1",
         "numpy>=1.26",
         "scipy>=1.11",
         "pandas>=2.0",

@@ -22,6 +22,15 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.versions import require_version
+
+# The Hub custom code runs on whatever transformers a downloader has. Before 5.24, transformers' masks, outputs and
+# generation name the cache `past_key_values`, not `cache`, and a forward fails deep inside them: say so on import,
+# before the modules below. The same floor as setup.py's (tests/repository/test_version_ranges.py).
+MIN_TRANSFORMERS_VERSION = "5.24"
+require_version(
+    f"transformers>={MIN_TRANSFORMERS_VERSION}", "The two-tower model's code needs it: pip install -U transformers"
+)
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, split_towers
 from .checkpoint_checks import check_weights_fit_config, loaded_weight_files, warn_non_finite_weights
