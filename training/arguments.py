@@ -132,8 +132,8 @@ class TwoTowerTrainingConfig(DataArguments):
         choices=(None, *LAYOUTS),
     )
     tower_type: str | None = option(
-        None, "transformer | lstm (None: the layout's; lstm in the bert layout: this package's LSTM towers, as in "
-        "recipes tiny_lstm and tiny_elmo)",
+        None, "transformer | lstm | ssm (None: the layout's; lstm in the bert layout: this package's LSTM towers, as "
+        "in recipes tiny_lstm and tiny_elmo; ssm: Mamba-style selective state-space towers, recipe tiny_ssm)",
         choices=(None, *TOWER_TYPES),
     )
     num_towers: int | None = option(None, "towers of the model (at least 2)")

@@ -3,9 +3,13 @@ the traceback behind `--debug` (or TWOTOWER_DEBUG=1); a bug keeps its traceback.
 
 import errno
 import runpy
+import subprocess
 import sys
 
 import pytest
+
+from conftest import HANG_LIMIT_S
+from modeling_twotower.configuration_twotower import TOWER_TYPES
 
 from twotower.training.utils import cli
 from twotower.training.utils.errors import TwoTowerUserError
@@ -104,3 +108,13 @@ def test_what_run_catches_and_what_it_lets_through(monkeypatch, capsys):
         with pytest.raises(type(bug)):
             cli.run(failing(bug), [])
     assert cli.run(lambda argv: argv, ["--a", "--debug", "b"]) == ["--a", "b"]  # main never sees --debug
+
+
+def test_help_names_the_command_as_it_is_run():
+    # `python -m` runs the module's file: argparse alone would name it, `usage: train.py` (every command's parser is
+    # an OptionsParser, which names the module)
+    shown = subprocess.run([sys.executable, "-m", "twotower.training.train", "--help"], capture_output=True, text=True,
+                           check=True, timeout=HANG_LIMIT_S).stdout  # fmt: skip
+    assert shown.startswith("usage: python -m twotower.training.train [-h]")
+    # every tower kind the model accepts is named in its option's help
+    assert f"{' | '.join(TOWER_TYPES)} (None: the layout's;" in " ".join(shown.split())

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -180,6 +181,13 @@ def convert_values(dataclass_type, values: dict, recipe: str) -> dict:
     return converted
 
 
+def command_name() -> str | None:
+    """The running command as its user typed it, for `--help`'s usage line: `python -m twotower.training.train` for a
+    module run with `-m` (where argparse would name its file, `train.py`); None (argparse's default) otherwise."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else None
+
+
 class OptionsParser(HfArgumentParser):
     """
     HfArgumentParser whose errors raise: a bad value (`exit_on_error=False`) and a missing required option (which
@@ -187,7 +195,7 @@ class OptionsParser(HfArgumentParser):
     """
 
     def __init__(self, *dataclass_types, **kwargs):
-        super().__init__(dataclass_types, exit_on_error=False, **kwargs)
+        super().__init__(dataclass_types, exit_on_error=False, **({"prog": command_name()} | kwargs))
 
     def error(self, message):
         raise TwoTowerUserError(f"{message} (`--help` lists the options)")
