@@ -46,6 +46,8 @@ def read_kept_table(path: Path, columns) -> pd.DataFrame:
         table = pd.read_parquet(path)
     except Exception as error:  # noqa: BLE001 (pyarrow's errors have no common base but Exception)
         raise KeptTableError(f"{path} cannot be read ({' '.join(str(error).split())})") from error
+    # kept sums are float32 (exact enough: evaluation/scoring/type_sums.py); the figures are computed in float64
+    table = table.astype({column: "float64" for column in table.select_dtypes("float32").columns})
     missing = [column for column in columns if column not in table.columns]
     numbers = table.select_dtypes("number")
     not_finite = [column for column in numbers if not np.isfinite(numbers[column].to_numpy(np.float64)).all()]

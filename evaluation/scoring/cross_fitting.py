@@ -21,6 +21,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from ..tower_preference.preference_stats import tower_contrast
+
 NUM_HALVES = 2
 # WikiText's article headings (" = Title = "; sections have "= =")
 WIKITEXT_ARTICLE_HEADING = r"^ = [^=].* = $"
@@ -57,7 +59,10 @@ class CrossFittedPreference:
     """
     Per-type sums of every probe's gold log-probabilities (and, where fed, of each tower's mean-ablation increase), per
     half of the scored documents: what the cross-fitted correlations read, and the table (`type_sums`) from which
-    every per-type figure of a report can be recomputed.
+    every per-type figure of a report can be recomputed. Beside the sums, the sums of squares that the occurrence-level
+    tests need (scoring/type_sums.py): of each tower's preference per occurrence (its replica-mean log-prob less the
+    other towers', the per-occurrence difference that PreferenceAccumulator tests) and of each tower's ablation
+    increase less the other towers'.
 
     Args:
         num_towers: towers of the model.
@@ -79,7 +84,9 @@ class CrossFittedPreference:
         self.num_towers, self.replicas_per_tower = num_towers, replicas_per_tower
         self.sum_logprob = np.zeros((NUM_HALVES, num_towers * replicas_per_tower, vocab_size))  # float64
         self.count = np.zeros((NUM_HALVES, vocab_size), np.int64)
+        self.preference_sq_sum = np.zeros((NUM_HALVES, num_towers, vocab_size))  # float64; None: a table without it
         self.ablation_increase_sum = None  # [halves, towers, vocab] float64, once `update_ablation` is fed
+        self.ablation_preference_sq_sum = None  # [halves, towers, vocab] float64, likewise
         self.documents = [set(), set()]  # the documents seen in each half
         self._batch_documents = None  # the current batch's "document" [batch], as score_blocks feeds it
 
@@ -101,53 +108,79 @@ class CrossFittedPreference:
         token_ids, documents = np.asarray(token_ids), np.asarray(documents)
         gold_logprobs = np.asarray(gold_logprobs, np.float64)
         vocab_size = self.count.shape[1]
+        replica_means = gold_logprobs.reshape(self.num_towers, self.replicas_per_tower, -1).mean(axis=1)
+        sq_preference = tower_contrast(replica_means) ** 2  # [towers, n]
         for half in range(NUM_HALVES):
             in_half = documents % NUM_HALVES == half
             ids = token_ids[in_half]
             self.count[half] += np.bincount(ids, minlength=vocab_size)
             for probe, logprobs in enumerate(gold_logprobs[:, in_half]):
                 self.sum_logprob[half, probe] += np.bincount(ids, weights=logprobs, minlength=vocab_size)
+            for tower, squares in enumerate(sq_preference[:, in_half]):
+                self.preference_sq_sum[half, tower] += np.bincount(ids, weights=squares, minlength=vocab_size)
             self.documents[half].update(np.unique(documents[in_half]).tolist())
 
     def update_ablation(self, token_ids, increases, documents) -> None:
         """token_ids [n], increases [towers, n] (scoring/ablation.py: the joint model's loss increase with each tower
         mean-ablated), documents [n], as in `update`."""
         token_ids, documents = np.asarray(token_ids), np.asarray(documents)
+        increases = np.asarray(increases, np.float64)
         if self.ablation_increase_sum is None:
             self.ablation_increase_sum = np.zeros((NUM_HALVES, self.num_towers, self.count.shape[1]))
+            self.ablation_preference_sq_sum = np.zeros_like(self.ablation_increase_sum)
+        sq_preference = tower_contrast(increases) ** 2  # [towers, n]
         for half in range(NUM_HALVES):
             in_half = documents % NUM_HALVES == half
-            for tower, values in enumerate(np.asarray(increases, np.float64)[:, in_half]):
+            for tower in range(self.num_towers):
                 self.ablation_increase_sum[half, tower] += np.bincount(
-                    token_ids[in_half], weights=values, minlength=self.count.shape[1]
+                    token_ids[in_half], weights=increases[tower, in_half], minlength=self.count.shape[1]
+                )
+                self.ablation_preference_sq_sum[half, tower] += np.bincount(
+                    token_ids[in_half], weights=sq_preference[tower, in_half], minlength=self.count.shape[1]
                 )
 
     def type_sums(self) -> pd.DataFrame:
         """
         One row per half and token type seen in it: `half`, `token_id`, `count`, `logprob_sum_probe{k}` (probe k
-        tower-major: replica r of tower t is k = t * replicas + r) and, where fed, `ablation_increase_sum_tower{t}`.
-        Sums, not means, so that halves add up and any grouping of probes, halves or types can be recomputed.
+        tower-major: replica r of tower t is k = t * replicas + r), `preference_sq_sum_tower{t}` and, where fed,
+        `ablation_increase_sum_tower{t}` and `ablation_preference_sq_sum_tower{t}` (sums of squares: one column per
+        tower, tower 0's alone with two towers, whose preferences are one another's negatives). Sums, not means, so
+        that halves add up and any grouping of probes, halves or types can be recomputed.
         """
+        contrasts = range(1 if self.num_towers == 2 else self.num_towers)
         frames = []
         for half in range(NUM_HALVES):
             seen = np.flatnonzero(self.count[half])
             columns = {"half": np.full(seen.size, half, np.int8), "token_id": seen, "count": self.count[half, seen]}
             for probe, sums in enumerate(self.sum_logprob[half]):
                 columns[f"logprob_sum_probe{probe}"] = sums[seen]
+            if self.preference_sq_sum is not None:
+                for tower in contrasts:
+                    columns[f"preference_sq_sum_tower{tower}"] = self.preference_sq_sum[half, tower, seen]
             if self.ablation_increase_sum is not None:
                 for tower, sums in enumerate(self.ablation_increase_sum[half]):
                     columns[f"ablation_increase_sum_tower{tower}"] = sums[seen]
+            if self.ablation_preference_sq_sum is not None:
+                for tower in contrasts:
+                    squares = self.ablation_preference_sq_sum[half, tower, seen]
+                    columns[f"ablation_preference_sq_sum_tower{tower}"] = squares
             frames.append(pd.DataFrame(columns))
         return pd.concat(frames, ignore_index=True)
 
     @classmethod
     def from_type_sums(cls, table: pd.DataFrame, num_towers: int, replicas_per_tower: int) -> "CrossFittedPreference":
-        """The sums of a `type_sums` table (as a run keeps it in type_sums.parquet), ready for `compute`."""
+        """The sums of a `type_sums` table (as a run keeps it in type_sums.parquet), ready for `compute`; the sums of
+        squares too where the table has them (a run kept before them has none)."""
         cross_fit = cls(num_towers, replicas_per_tower, int(table["token_id"].max()) + 1)
         half, token_id = table["half"].to_numpy(), table["token_id"].to_numpy()
         cross_fit.count[half, token_id] = table["count"].to_numpy()
         for probe in range(num_towers * replicas_per_tower):
             cross_fit.sum_logprob[half, probe, token_id] = table[f"logprob_sum_probe{probe}"].to_numpy()
+        cross_fit.preference_sq_sum = _tower_sums(table, "preference_sq_sum_tower", num_towers, cross_fit.count.shape)
+        cross_fit.ablation_increase_sum = _tower_sums(table, "ablation_increase_sum_tower", num_towers,
+                                                      cross_fit.count.shape)
+        cross_fit.ablation_preference_sq_sum = _tower_sums(table, "ablation_preference_sq_sum_tower", num_towers,
+                                                           cross_fit.count.shape)
         return cross_fit
 
     def mean_preference(self, min_count: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -187,6 +220,19 @@ class CrossFittedPreference:
         summary["same_probes_other_text_r"] = _mean([pooled_pearson(a1, a2), pooled_pearson(b1, b2)])
         summary["other_probes_same_text_r"] = _mean([pooled_pearson(a1, b1), pooled_pearson(a2, b2)])
         return summary
+
+
+def _tower_sums(table: pd.DataFrame, prefix: str, num_towers: int, shape: tuple) -> np.ndarray | None:
+    """[halves, towers, vocab] the table's per-tower columns `prefix`{t} at (half, token_id); with two towers and
+    tower 0's column alone (a sum of squares), tower 1's is the same; None where the table has no such column."""
+    if f"{prefix}0" not in table:
+        return None
+    half, token_id = table["half"].to_numpy(), table["token_id"].to_numpy()
+    sums = np.zeros((shape[0], num_towers, shape[1]))
+    for tower in range(num_towers):
+        column = f"{prefix}{tower}" if num_towers != 2 or f"{prefix}{tower}" in table else f"{prefix}0"
+        sums[half, tower, token_id] = table[column].to_numpy()
+    return sums
 
 
 def _mean(values: list) -> float | None:

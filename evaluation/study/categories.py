@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 
 from ..scoring.formatting import number
-from ..scoring.report import eligible_preferences, load_report, tower_columns
+from ..scoring.report import eligible_preferences, tower_columns
 from ..scoring.token_categories import categorize, category_preferences
 from ..tower_preference.comparisons import compare_preferences
+from .kept_tables import load_kept_report
 
 RECURRENCE_GROUPINGS = ("kind", "frequency", "case")  # the groupings whose recurrence the document tabulates
 
@@ -25,10 +26,10 @@ def category_rows(summaries, runs_dir, text):
             by_family.setdefault((run["family"], run["num_towers"]), []).append(run["name"])
     results = {}
     for (family, num_towers), names in by_family.items():
-        _, reference = load_report(runs_dir / names[0] / "scores" / text)
+        reference = load_kept_report(runs_dir / names[0] / "scores" / text).table
         per_seed = {}
         for name in names:
-            _, table = load_report(runs_dir / name / "scores" / text)
+            table = load_kept_report(runs_dir / name / "scores" / text).table
             (ids_a, preference_a, _), (ids_b, preference_b, _) = map(eligible_preferences, (reference, table))
             mapping = compare_preferences(ids_a, preference_a, ids_b, preference_b)["tower_mapping"]
             labels = categorize(table)

@@ -21,7 +21,8 @@ from modeling_twotower.configuration_twotower import PRESETS
 from twotower.training.arguments import load_config
 
 from ..scoring.formatting import number, with_interval
-from ..scoring.report import PREFERENCE_JSON, PER_TOKEN_CSV, tower_columns
+from ..scoring.report import PREFERENCE_JSON, tower_columns
+from .kept_tables import load_kept_report
 from .verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
 
 NEAR_ZERO_R = 0.1  # a cross-fitted r whose interval stays below this is "near 0": no reproducible preference
@@ -44,7 +45,7 @@ def t_interval(values) -> dict:
 def ablation_agreement(score_folder, rng) -> dict | None:
     """One run's correlation of the ablation preference with the probe preference over its eligible types, with a
     bootstrap interval over the types; None for a report without the ablation columns."""
-    table = pd.read_csv(score_folder / f"{PER_TOKEN_CSV}.gz")
+    table = load_kept_report(score_folder).table
     if "ablation_preference_nats_tower0" not in table:
         return None
     eligible = table[table["eligible"]]

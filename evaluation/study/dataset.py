@@ -7,9 +7,11 @@ folder (or on its Hub copy) finds them:
     load_dataset("docs/study/causes", "causal-t2-s0", split="step_4000.wikitext_2_test")  # its per-type sums
 
 Each run is a configuration, each of its points and texts a split (`step_S.TEXT`, the text's name with every
-character other than a letter, digit or underscore as "_"). `stage_dataset` copies what a Hub dataset repository
-holds (the card, the index, each run's type sums, tokenizer and run.json, the document) into a folder, and
-`push_study_dataset` uploads it with huggingface_hub as the model publishing does.
+character other than a letter, digit or underscore as "_"). The full per-token tables that the folder's runs no
+longer keep (full_tables.py) are the configuration `full_tables`, one split per run and text (`RUN.TEXT`, spelled
+so). `stage_dataset` copies what a Hub dataset repository holds (the card, the index, each run's type sums or type
+totals, tokenizer and run.json, the full per-token tables from the git revision that holds them, the document) into a
+folder, and `push_study_dataset` uploads it with huggingface_hub as the model publishing does.
 """
 
 import dataclasses
@@ -25,6 +27,8 @@ from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 
 from ..scoring.report_files import TYPE_SUMS_PARQUET
+from .full_tables import FULL_TABLES_JSON, full_table_bytes, read_full_tables
+from .kept_tables import TYPE_TOTALS_PARQUET
 from .parts_of_speech import TYPE_TAGS_DIR, type_tags_path
 
 RUN_INDEX_PARQUET = "run_index.parquet"
@@ -36,6 +40,12 @@ STAGED_FILES = ("STUDY.md", "study.json", "*.png", f"{TYPE_TAGS_DIR}/*.parquet")
 
 def split_name(step: int, text: str) -> str:
     return f"step_{step}.{re.sub(r'[^A-Za-z0-9_]', '_', text)}"
+
+
+def full_table_split(path: str) -> str:
+    """The split of a full per-token table (runs/RUN/scores/TEXT/...): RUN.TEXT, spelled as split_name spells."""
+    run, text = Path(path).parts[1], Path(path).parts[3]
+    return ".".join(re.sub(r"[^A-Za-z0-9_]", "_", name) for name in (run, text))
 
 
 def family_options(study, family: str) -> dict:
@@ -74,34 +84,50 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
 
 
 def write_dataset_card(summaries, report_dir: Path, study, render_template) -> Path | None:
-    """The index and the card in the report folder, where any run keeps type sums; None (nothing written) else."""
+    """The index and the card in the report folder, where any run keeps type sums or the folder lists full per-token
+    tables (full_tables.json); None (nothing written) else."""
     index = run_index(summaries, report_dir / "runs", study)
-    if index.empty:
+    full_tables = [{"split": full_table_split(entry["path"]), "path": entry["path"]}
+                   for entry in read_full_tables(report_dir)]
+    if index.empty and not full_tables:
         return None
-    index.to_parquet(report_dir / RUN_INDEX_PARQUET, index=False)
-    configs = {run: rows[["split", "path"]].to_dict("records") for run, rows in index.groupby("run", sort=False)}
-    tags = sorted(index["type_tags_path"].dropna().unique())
+    configs, columns = {}, []
+    if not index.empty:
+        index.to_parquet(report_dir / RUN_INDEX_PARQUET, index=False)
+        configs = {run: rows[["split", "path"]].to_dict("records") for run, rows in index.groupby("run", sort=False)}
+        columns = list(pd.read_parquet(report_dir / index["path"][0]).columns)
+    tags = sorted(index["type_tags_path"].dropna().unique()) if not index.empty else []
     if tags:
         configs["type_tags"] = [{"split": re.sub(r"[^A-Za-z0-9_]", "_", Path(path).stem), "path": path}
                                 for path in tags]
-    card = render_template(CARD_TEMPLATE, configs=configs, index=RUN_INDEX_PARQUET, texts=sorted(set(index["text"])),
-                           num_runs=index["run"].nunique(),
-                           columns=list(pd.read_parquet(report_dir / index["path"][0]).columns))
+    if full_tables:
+        configs["full_tables"] = full_tables
+    runs_and_texts = {(Path(table["path"]).parts[1], Path(table["path"]).parts[3]) for table in full_tables}
+    if not index.empty:
+        runs_and_texts |= set(zip(index["run"], index["text"]))
+    card = render_template(CARD_TEMPLATE, configs=configs, index=None if index.empty else RUN_INDEX_PARQUET,
+                           texts=sorted({text for _, text in runs_and_texts}),
+                           num_runs=len({run for run, _ in runs_and_texts}), columns=columns,
+                           full_tables_json=FULL_TABLES_JSON, type_totals=TYPE_TOTALS_PARQUET)
     return write_text_atomically(report_dir / DATASET_CARD, card)
 
 
 def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
     """A folder holding what the Hub dataset repository gets: the card, the index, each kept run's run.json,
-    tokenizer and type sums, and the document (replaced whole if it existed)."""
+    tokenizer and type sums (or type totals), the full per-token tables the folder lists (read from git where the
+    working tree no longer has them), and the document (replaced whole if it existed)."""
     report_dir = Path(report_dir)
-    if not (report_dir / DATASET_CARD).is_file() or not (report_dir / RUN_INDEX_PARQUET).is_file():
+    if not (report_dir / DATASET_CARD).is_file():
         raise TwoTowerUserError(
-            f"{report_dir} holds no dataset card: no kept run has per-type sums ({TYPE_SUMS_PARQUET}); run the "
-            "study with a cross-fitted recipe (probe_replica_data: disjoint), or pass its report folder."
+            f"{report_dir} holds no dataset card: no kept run has per-type sums ({TYPE_SUMS_PARQUET}) and it lists no "
+            f"full per-token tables ({FULL_TABLES_JSON}); run the study with a cross-fitted recipe "
+            "(probe_replica_data: disjoint), or pass its report folder."
         )
-    files = [report_dir / DATASET_CARD, report_dir / RUN_INDEX_PARQUET]
+    files = [report_dir / DATASET_CARD, *[report_dir / name for name in (RUN_INDEX_PARQUET, FULL_TABLES_JSON)
+                                          if (report_dir / name).is_file()]]
     files += [path for pattern in STAGED_FILES for path in report_dir.glob(pattern)]
-    for pattern in (f"runs/*/**/{TYPE_SUMS_PARQUET}", "runs/*/run.json", "runs/*/tokenizer.json.gz"):
+    for pattern in (f"runs/*/**/{TYPE_SUMS_PARQUET}", f"runs/*/**/{TYPE_TOTALS_PARQUET}", "runs/*/run.json",
+                    "runs/*/tokenizer.json.gz"):
         files += report_dir.glob(pattern)
     staging_dir = Path(staging_dir)
     partial = staging_dir.with_name(f".{staging_dir.name}.partial")
@@ -110,6 +136,10 @@ def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
         target = partial / path.relative_to(report_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
+    for entry in read_full_tables(report_dir):
+        target = partial / entry["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(full_table_bytes(report_dir, entry))
     shutil.rmtree(staging_dir, ignore_errors=True)  # the staging folder is ours: a copy, never a user's file
     partial.replace(staging_dir)
     return staging_dir

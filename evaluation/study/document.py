@@ -39,7 +39,7 @@ from twotower.training.utils.atomic import write_text_atomically
 
 from ..scoring.cross_fitting import replica_groups
 from ..scoring.formatting import markdown_table, number, percent, with_interval
-from ..scoring.report import load_report, template_environment, tower_columns
+from ..scoring.report import template_environment, tower_columns
 from .categories import category_recurrence, category_rows, category_table, recurrence_table
 from .cross_fit import (
     NEAR_ZERO_R,
@@ -52,6 +52,8 @@ from .cross_fit import (
 from .dataset import write_dataset_card
 from .factorial import factorial_analysis
 from .factorial_report import factorial_context
+from .full_tables import full_tables_note
+from .kept_tables import load_kept_report
 from .long_run import long_run_rows, long_run_table
 from .plots import plot_convergence, plot_noise_floor, plot_trajectory
 from .verdicts import (
@@ -193,7 +195,7 @@ def top_types(runs_dir, summaries, text, count=TOP_TYPES):
         first.setdefault(summary["run"]["family"], summary["run"]["name"])
     result = {}
     for family, name in first.items():
-        _, table = load_report(score_dir(runs_dir, name, text))
+        table = load_kept_report(score_dir(runs_dir, name, text)).table
         eligible = table[table["eligible"]].assign(strength=lambda frame: -frame["preference_nats_tower0"].abs())
         result[family] = {"run": name, "towers": [
             eligible[eligible["preferred_tower"] == tower].sort_values(["p_value", "strength"]).head(count)[
@@ -427,6 +429,7 @@ def study_document(analysis: StudyAnalysis, command, study, report_dir) -> str:
         top_types=analysis.top_types,
         factorial=factorial_context(analysis.factorial, markdown_table),
         run_families={row["family"] for row in analysis.rows},  # a family without finished runs is not described
+        full_tables=full_tables_note(report_dir),
     )
 
 

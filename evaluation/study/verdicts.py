@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..scoring.report import load_report, numbered_columns, tower_columns
+from ..scoring.report import numbered_columns, tower_columns
 from ..tower_preference.comparisons import compare_preferences, matched_correlation
 from ..tower_preference.reliability import preference_reliability
+from .kept_tables import load_kept_report
 
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -49,33 +50,38 @@ class RunTypes:
         return len(self.token_ids)
 
 
-def replica_sampling_variance(table, preference_summary, center=False) -> np.ndarray:
+def replica_sampling_variance(table, preference_summary, center=False, probe_mean_logprob=None) -> np.ndarray:
     """
     [towers, types] the replica-level sampling variance of each type's preference, the one the scoring command's
     `reliability` uses: over the K paired probe runs, the variance of each run's tower contrast, divided by K. With
-    `center` each probe's mean log-probability over all predictions (every type of the table, weighted by its count)
-    is first taken away, as the scoring command does for centered preferences.
+    `center` each probe's mean log-probability over all predictions (`probe_mean_logprob` [probes]; by default from
+    every type of the table, weighted by its count) is first taken away, as the scoring command does for centered
+    preferences.
     """
     towers = np.asarray(preference_summary["probe_towers"])
     num_towers, replicas = towers.max() + 1, preference_summary["replicas_per_tower"]
     if not preference_summary["paired"] or len(set(replicas)) != 1:
         raise ValueError("the study's verdicts need paired probe replicas (the same K per tower, one data order each)")
     logprob = numbered_columns(table, "probe_mean_logprob_probe")  # [probes, types]
-    if center:
+    if center and probe_mean_logprob is None:
         count = table["count"].to_numpy()
         logprob = logprob - (logprob * count).sum(axis=1, keepdims=True) / count.sum()
+    elif center:  # a kept table of the eligible types: the means over all predictions were kept beside it
+        logprob = logprob - np.asarray(probe_mean_logprob)[:, None]
     logprob = logprob.reshape(num_towers, replicas[0], -1)
     contrast = logprob - (logprob.sum(axis=0, keepdims=True) - logprob) / (num_towers - 1)
     return contrast.var(axis=1, ddof=1) / replicas[0]
 
 
 def load_run_types(score_folder, name: str, seed: int) -> RunTypes:
-    """The eligible types of one run's score folder (preference_per_token.csv with its preference.json)."""
-    report, table = load_report(score_folder)
+    """The eligible types of one run's score folder (its preference.json and kept per-type table: kept_tables.py)."""
+    kept = load_kept_report(score_folder)
+    report, table = kept.report, kept.table
     is_eligible = table["eligible"].to_numpy(dtype=bool)
     eligible = table[is_eligible]
     rows = slice(1) if tower_columns(eligible, "preference_nats").shape[0] == 2 else slice(None)
-    variance = replica_sampling_variance(table, report["summary"], center=report["settings"]["center"])
+    variance = replica_sampling_variance(table, report["summary"], center=report["settings"]["center"],
+                                         probe_mean_logprob=kept.probe_mean_logprob)
     return RunTypes(
         name=name,
         seed=seed,

@@ -77,7 +77,8 @@ def test_the_document_reports_the_2x2_from_the_kept_files(micro_2x2):
         for run, value in endpoint["per_run"].items():  # endpoint 1 is what each run's scoring wrote
             summary = json.loads((runs_dir / run / "run.json").read_text())
             scores = next(p for p in summary["trajectory"] if p["step"] == point["step"])["scores"][point["text"]]
-            assert value == pytest.approx(scores["cross_fit"]["cross_fitted_r"], abs=1e-12)
+            # from the kept float32 sums: within 2e-7 of the scoring's r (evaluation/scoring/type_sums.py)
+            assert value == pytest.approx(scores["cross_fit"]["cross_fitted_r"], abs=1e-6)
         assert set(point["cross_seed"]["cells"]) == set(CELL_NAMES.values())
         # endpoint 3 from the text tagged once and kept (the test extra installs spaCy's model)
         pos = point["endpoints"]["part_of_speech_z"]
@@ -134,7 +135,8 @@ def test_plain_numpy_script_recomputes_the_documents_figures(micro_2x2):
                             capture_output=True, text=True, check=True).stdout
     recomputed = json.loads(output)
     for run in recomputed["runs"]:
-        assert run["value"] == pytest.approx(run["cross_fitted_r"], abs=1e-10)
+        # from the kept float32 sums against the scoring's float64 ones: within 2e-7
+        assert run["value"] == pytest.approx(run["cross_fitted_r"], abs=1e-6)
     points = {(p["text"], p["step"]): p for p in micro_2x2["results"]["factorial"]["points"]}
     for point in recomputed["points"]:
         endpoints = points[(point["text"], point["step"])]["endpoints"]

@@ -1,0 +1,154 @@
+"""
+Convert the kept runs of a tower preference study's report folder to the kept form of today's study
+(evaluation/study/kept_tables.py): per scored point, per-type sums in place of gzipped per-token CSVs.
+
+    python scripts/convert_kept_runs.py docs/study/causes           # after copying in runs kept by earlier code
+    python scripts/convert_kept_runs.py docs/study --revision HEAD   # the revision that holds the CSVs (default)
+
+In every kept run (REPORT_DIR/runs/RUN with its run.json), at every point and text:
+
+- a type_sums.parquet as the scoring command wrote it (every type, float64) is rewritten in the kept form: the types
+  seen min_count times, float32 sums, the totals over all types in its metadata, zstd; its columns stay as they are
+  (sums of squares only where its scoring wrote them);
+- preference_per_token.csv.gz is removed where the point keeps type sums (its per-token table is recomputed from
+  them: the occurrence-level and ablation p-values only where the sums have their squares);
+- elsewhere (a run scored before type sums) the CSV becomes type_totals.parquet (kept_tables.write_type_totals), and
+  is removed only where the git revision holds it byte for byte; otherwise it stays, and the script says so: commit
+  it, then run the script again.
+
+Every removed CSV that the revision holds is listed in REPORT_DIR/full_tables.json with that revision and its
+sha256 (evaluation/study/full_tables.py), from where `--push_to_hub` stages it into the study's Hub dataset. Nothing
+is replaced before its new form is checked: the per-token table recomputed from it against the CSV (every column
+both hold, within 1e-5 relative or absolute: the kept sums are float32), and a point's cross-fitted r recomputed from
+its kept sums against its run.json's (within 1e-6). Running the script again changes nothing.
+"""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from twotower.evaluation.scoring.cross_fitting import CrossFittedPreference
+from twotower.evaluation.scoring.report import load_report
+from twotower.evaluation.scoring.report_files import PER_TOKEN_CSV, TYPE_SUMS_PARQUET
+from twotower.evaluation.scoring.type_sums import METADATA_KEY, PROBE_SUMS, read_type_sums, write_kept_type_sums
+from twotower.evaluation.study.full_tables import record_full_tables, revision_holding, sha256_of
+from twotower.evaluation.study.kept_tables import (
+    KEPT_TOKENIZER, RUN_SUMMARY, TYPE_TOTALS_PARQUET, per_token_table_of_sums, per_token_table_of_totals,
+    write_type_totals,
+)
+
+CSV_GZ = f"{PER_TOKEN_CSV}.gz"
+TABLE_TOLERANCE = 1e-5  # float32 sums against the CSV's float64 figures (evaluation/scoring/type_sums.py)
+CROSS_FIT_TOLERANCE = 1e-6  # float32 sums move a cross-fitted r by at most 2e-7
+
+
+def is_kept_form(path: Path) -> bool:
+    return METADATA_KEY in (pq.read_schema(path).metadata or {})
+
+
+def point_folders(run_dir: Path, summary: dict):
+    """(score folder, its run.json figures) of every point and text of a kept run."""
+    last = summary["trajectory"][-1]["step"]
+    for point in summary["trajectory"]:
+        point_dir = run_dir if point["step"] == last else run_dir / "trajectory" / f"step-{point['step']}"
+        for text, scores in point["scores"].items():
+            yield point_dir / "scores" / text, scores
+
+
+def check_same_table(converted, original, where: Path) -> None:
+    """The converted point's per-token table against its CSV's, on the types and columns both hold."""
+    original = original.set_index("token_id").loc[converted["token_id"]]
+    for column in converted.columns.drop("token_id"):
+        ours, theirs = converted[column].to_numpy(), original[column].to_numpy()
+        same = (np.allclose(ours, theirs, rtol=TABLE_TOLERANCE, atol=TABLE_TOLERANCE, equal_nan=True)
+                if ours.dtype.kind == "f" else np.array_equal(ours.astype(theirs.dtype), theirs))
+        if not same:
+            raise ValueError(f"{where}: the converted table's {column} is not the CSV's; nothing was replaced.")
+
+
+def check_cross_fitted_r(sums_path: Path, scores: dict, num_towers: int) -> None:
+    """The cross-fitted r recomputed from kept sums against the one the point's scoring wrote."""
+    sums = read_type_sums(sums_path).table
+    replicas = sum(column.startswith(PROBE_SUMS) for column in sums.columns) // num_towers
+    recomputed = CrossFittedPreference.from_type_sums(sums, num_towers, replicas).compute(
+        scores["cross_fit"]["min_count"])["cross_fitted_r"]
+    written = scores["cross_fit"]["cross_fitted_r"]
+    if (recomputed is None) != (written is None) or (
+            written is not None and abs(recomputed - written) > CROSS_FIT_TOLERANCE):
+        raise ValueError(f"{sums_path}: its kept form gives a cross-fitted r of {recomputed}, its run.json "
+                         f"{written}; nothing was replaced.")
+
+
+def convert_point(score_folder: Path, scores: dict, run_dir: Path, num_towers: int, revision: str) -> dict | None:
+    """
+    Convert one score folder; returns the full_tables.json entry of the CSV it removed (None where it removed none,
+    or removed one no revision holds). The new files are written and checked in a staging folder, then moved in.
+    """
+    sums_path, csv_path = score_folder / TYPE_SUMS_PARQUET, score_folder / CSV_GZ
+    has_sums, has_csv = sums_path.is_file(), csv_path.is_file()
+    if not (has_sums or has_csv):  # a point the run kept nothing of (runs kept before type sums: earlier points)
+        return None
+    with tempfile.TemporaryDirectory(dir=score_folder) as staging:
+        staged = {}
+        if has_sums and not is_kept_form(sums_path):
+            staged[sums_path] = write_kept_type_sums(Path(staging) / sums_path.name, read_type_sums(sums_path).table,
+                                                     scores["cross_fit"]["min_count"])
+            check_cross_fitted_r(staged[sums_path], scores, num_towers)
+        if has_csv:
+            report, original = load_report(score_folder)
+            if has_sums:
+                converted, _ = per_token_table_of_sums(staged.get(sums_path, sums_path), report,
+                                                       run_dir / KEPT_TOKENIZER)
+            else:
+                totals = score_folder / TYPE_TOTALS_PARQUET
+                staged[totals] = write_type_totals(Path(staging) / totals.name, report, original)
+                converted, _ = per_token_table_of_totals(staged[totals], report)
+            check_same_table(converted, original, score_folder)
+        for target, source in staged.items():
+            source.replace(target)
+    if not has_csv:
+        return None
+    held = revision_holding(csv_path, revision)
+    if held is None and not has_sums:
+        print(f"{csv_path}: kept (no revision {revision} holds it, and it is the only full record of its point): "
+              "commit it, then run this script again.")
+        return None
+    data = csv_path.read_bytes()
+    csv_path.unlink()
+    if held is None:
+        return None
+    commit, repository_path = held
+    return {"revision": commit, "repository_path": repository_path, "sha256": sha256_of(data)}
+
+
+def convert_report_folder(report_dir, revision: str = "HEAD") -> list[dict]:
+    """Convert every kept run of `report_dir`; returns the entries added to its full_tables.json."""
+    report_dir = Path(report_dir)
+    removed = []
+    for run_dir in sorted(path.parent for path in (report_dir / "runs").glob(f"*/{RUN_SUMMARY}")):
+        summary = json.loads((run_dir / RUN_SUMMARY).read_text(encoding="utf-8"))
+        for score_folder, scores in point_folders(run_dir, summary):
+            entry = convert_point(score_folder, scores, run_dir, summary["run"]["num_towers"], revision)
+            if entry is not None:
+                removed.append({"path": (score_folder / CSV_GZ).relative_to(report_dir).as_posix(), **entry})
+    if removed:
+        record_full_tables(report_dir, removed)
+    return removed
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("report_dir", type=Path, help="a study's report folder (holding runs/RUN/run.json)")
+    parser.add_argument("--revision", default="HEAD", help="the git revision that holds the CSVs (default HEAD)")
+    args = parser.parse_args(argv)
+    removed = convert_report_folder(args.report_dir, args.revision)
+    print(f"{args.report_dir}: {len(removed)} per-token CSVs removed, each listed in full_tables.json with the "
+          "revision that holds it")
+
+
+if __name__ == "__main__":
+    main()
