@@ -7,13 +7,18 @@ Each (corpus, steps, seed) is its own pretraining run with its full learning-rat
 steps), as the main job is at 200 steps. Runs resume: a finished pretraining, probe or score folder is reused.
 
     python benchmarks/agreement_by_length.py --corpus data/tiny-shakespeare ../shared/data/wikitext-2 \
-        --steps 200 1000 2000 --output_dir outputs/agreement-by-length
+        --steps 200 1000 2000 --output_dir outputs/agreement-by-length --table docs/study/agreement_by_length.json
+
+`--table` keeps the rows (updating those of the same corpus, steps and seed): docs/preference.md's table of them is
+generated from that file by `python -m twotower.evaluation.study.summary`.
 """
 
 import argparse
 import dataclasses
 import json
 from pathlib import Path
+
+from twotower.training.utils.atomic import write_text_atomically
 
 from twotower.evaluation.scoring.score import score_model
 from twotower.training.arguments import load_config
@@ -59,6 +64,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, nargs="+", default=[200, 1000, 2000])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="42 is the main job's seed")
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--table", type=Path, help="a JSON file keeping every row measured (created or updated)")
     args = parser.parse_args(argv)
     rows = []
     for corpus in map(Path, args.corpus):
@@ -76,7 +82,17 @@ def main(argv=None):
                 report = scored(probes, run_dir / "report", files["validation_file"])
                 rows.append(row(corpus.name, steps, seed, report))
                 print(json.dumps(rows[-1]), flush=True)
+                if args.table is not None:
+                    keep_row(args.table, rows[-1])
     return rows
+
+
+def keep_row(table: Path, new: dict) -> None:
+    """Add `new` to the kept rows of `table`, replacing a row of the same corpus, steps and seed."""
+    key = (new["corpus"], new["steps"], new["seed"])
+    kept = json.loads(table.read_text()) if table.is_file() else []
+    kept = [old for old in kept if (old["corpus"], old["steps"], old["seed"]) != key] + [new]
+    write_text_atomically(table, json.dumps(kept, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,17 @@
 """
-Recompute a tower preference study's headline figures from its kept Parquet tables alone, with numpy, pandas and
-scipy (no import of the twotower package): each run's cross-fitted r at every kept point and text, the 2x2 cells'
-means over seeds with their 95% t intervals, and the effects of cooperation, embedding sharing and their interaction
-(effect-coded linear model, t intervals, two-sided p); the same for each run's part-of-speech z where the study kept
-the scored texts' tags.
+Recompute a tower preference study's figures from its kept Parquet tables alone, with numpy, scipy and pandas (with
+pyarrow to read Parquet), and no import of the twotower package: a second implementation of every figure a verdict
+of the 2x2 (causes.yaml) or of the joint-gradient experiment (gradient.yaml) reads, written from docs/study.md's
+definitions.
+
+Per run, point and text: the cross-fitted r; where the study kept the scored text's tags, the part-of-speech z (and
+the same with the types' log-frequency trend removed), the z of the run's probe noise alone and the z over it at
+every tag threshold, the share of the per-type variance the function/content label explains, and d. Per text and
+point: each endpoint's cells (2x2) or arms (joint-gradient experiment) with their means over seeds and 95% t
+intervals; the 2x2's effects (effect-coded linear model, t intervals, two-sided p) and the pooled cooperative means;
+the arms' paired differences with the exact sign-flip p; per cell or arm the cross-seed matched r (the mean over seed
+pairs, and each pair's) and, per cell, the sign of d after orienting each seed's towers to the first seed's. The
+random parts of the documents (bootstrap intervals and permutation nulls of the cross-seed r) are not redrawn here.
 
     python scripts/recompute_study.py docs/study/causes          # a table to read
     python scripts/recompute_study.py docs/study/causes --json   # every figure, unrounded
@@ -15,6 +23,7 @@ read, lacks a column the figures need or holds a NaN or infinite number is named
 """
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -31,9 +40,11 @@ FUNCTION_TAGS = ("DET", "ADP", "PRON", "AUX", "CCONJ", "SCONJ", "PART")
 CONTENT_TAGS = ("NOUN", "VERB", "ADJ", "ADV", "PROPN")
 PERMUTATIONS = 1000
 # the columns each kept table must have for the figures, and must hold as finite numbers (the study writes no NaN)
-INDEX_COLUMNS = ("run", "text", "step", "num_towers", "min_count", "cooperative", "separate_embeddings", "path")
+INDEX_COLUMNS = ("run", "seed", "text", "step", "num_towers", "min_count", "cooperative", "separate_embeddings", "path")
+THRESHOLDS = (0.6, 0.7, 0.8, 0.9, 0.95)  # the share of a type's occurrences its majority tag needs; 0.8 the tagging's
+PRIMARY_THRESHOLD = 0.8
 SUMS_COLUMNS = ("half", "token_id", "count", "logprob_sum_probe0")
-TAGS_COLUMNS = ("token_id", "tag", "tagged")
+TAGS_COLUMNS = ("token_id", "tag", "agreement", "tagged")
 
 
 class KeptTableError(ValueError):
@@ -97,25 +108,111 @@ def cross_fitted_r(sums: pd.DataFrame, num_towers: int, min_count: int) -> float
     return float((pearson(preference[0, 0], preference[1, 1]) + pearson(preference[0, 1], preference[1, 0])) / 2)
 
 
-def part_of_speech_z(sums: pd.DataFrame, num_towers: int, min_count: int, tags: pd.DataFrame) -> float | None:
-    """Endpoint 3: d = tower 0's mean cross-fitted preference (the four group-and-half preferences averaged, in
-    nats against the other towers) over function-word types minus over content-word types, and z = (|d| - mean) /
-    sd of |d| over PERMUTATIONS shuffles of the two labels (numpy's default_rng(0), as the study draws them); None
-    where the eligible types lack function words or content words."""
+def cross_fitted_tower_0(sums: pd.DataFrame, num_towers: int, min_count: int):
+    """(token ids, tower 0's mean cross-fitted preference in nats against the other towers): the four group-and-half
+    preferences averaged."""
     token_ids, preference = group_preferences(sums, num_towers, min_count)
-    tower_0 = np.mean(list(preference.values()), axis=0)[:, 0] * num_towers / (num_towers - 1)
-    tag = tags.set_index("token_id")["tag"].where(tags.set_index("token_id")["tagged"]).reindex(token_ids).to_numpy()
-    is_function, is_content = np.isin(tag, FUNCTION_TAGS), np.isin(tag, CONTENT_TAGS)
+    return token_ids, np.mean(list(preference.values()), axis=0)[:, 0] * num_towers / (num_towers - 1)
+
+
+def labels_at(tags: pd.DataFrame, token_ids, threshold: float):
+    """(is_function, is_content) [types] with each type's majority tag where at least `threshold` of its occurrences
+    agree (at 0.8, the rows the tagging marked `tagged`)."""
+    table = tags.set_index("token_id")
+    kept = table["tagged"] if threshold == PRIMARY_THRESHOLD else table["agreement"] >= threshold
+    tag = table["tag"].where(kept).reindex(token_ids).to_numpy()
+    return np.isin(tag, FUNCTION_TAGS), np.isin(tag, CONTENT_TAGS)
+
+
+def contrast(values, is_function, is_content) -> dict | None:
+    """d (function-word types' mean minus content-word types'), z = (|d| - mean) / sd of |d| over PERMUTATIONS
+    shuffles of the labels (numpy's default_rng(0), as the study draws them), and the share of the variance the label
+    explains; None where either group is empty."""
     if not (is_function.any() and is_content.any()):
         return None
-    values, labels = tower_0[is_function | is_content], is_function[is_function | is_content]
+    values, labels = values[is_function | is_content], is_function[is_function | is_content]
 
     def difference(labels):
         return values[labels].mean() - values[~labels].mean()
 
     rng = np.random.default_rng(0)
     null = np.abs([difference(rng.permutation(labels)) for _ in range(PERMUTATIONS)])
-    return float((abs(difference(labels)) - null.mean()) / null.std(ddof=1))
+    d = difference(labels)
+    share = labels.mean() * (1 - labels.mean()) * d**2 / values.var()
+    return {"d": float(d), "z": float((abs(d) - null.mean()) / null.std(ddof=1)), "variance_share": float(share)}
+
+
+def without_frequency_trend(values, sums: pd.DataFrame, token_ids):
+    """The preference less its least-squares line on each type's log count (both halves)."""
+    log_count = np.log(sums.groupby("token_id")["count"].sum().reindex(token_ids).to_numpy(np.float64))
+    design = np.column_stack([np.ones_like(log_count), log_count])
+    return values - design @ np.linalg.lstsq(design, values, rcond=None)[0]
+
+
+def noise_only_sums(sums: pd.DataFrame, tower: int, replicas: int) -> pd.DataFrame:
+    """One tower's replicas as two pseudo-towers: its replicas 0, 2, ... against 1, 3, ... (each cross-fitting group
+    keeps replicas of the run's same group)."""
+    order = [*range(0, replicas, 2), *range(1, replicas, 2)]
+    renamed = {f"logprob_sum_probe{tower * replicas + old}": f"logprob_sum_probe{new}" for new, old in enumerate(order)}
+    return sums[["half", "token_id", "count", *renamed]].rename(columns=renamed)
+
+
+def part_of_speech_figures(sums: pd.DataFrame, num_towers: int, min_count: int, tags: pd.DataFrame) -> dict:
+    """Endpoint 3 and its readings for one run: z, d and the variance share at 0.8, z with the log-frequency trend
+    removed, and at every threshold the probe-noise-only z (the mean over towers) and the z over it."""
+    token_ids, tower_0 = cross_fitted_tower_0(sums, num_towers, min_count)
+    primary = contrast(tower_0, *labels_at(tags, token_ids, PRIMARY_THRESHOLD))
+    if primary is None:
+        return {}
+    adjusted = contrast(without_frequency_trend(tower_0, sums, token_ids), *labels_at(tags, token_ids, PRIMARY_THRESHOLD))
+    figures = {"part_of_speech_z": primary["z"], "d": primary["d"], "variance_share": primary["variance_share"],
+               "part_of_speech_z_frequency_adjusted": adjusted["z"]}
+    replicas = sum(c.startswith("logprob_sum_probe") for c in sums) // num_towers
+    if replicas % 4:
+        return figures
+    for threshold in THRESHOLDS:
+        z = contrast(tower_0, *labels_at(tags, token_ids, threshold))
+        noise = []
+        for tower in range(num_towers):
+            pseudo = noise_only_sums(sums, tower, replicas)
+            pseudo_ids, pseudo_0 = cross_fitted_tower_0(pseudo, 2, min_count)
+            noise.append(contrast(pseudo_0, *labels_at(tags, pseudo_ids, threshold)))
+        if z is None or any(value is None for value in noise):
+            continue
+        noise_z = float(np.mean([value["z"] for value in noise]))
+        suffix = "" if threshold == PRIMARY_THRESHOLD else f"_at_{threshold}"
+        figures |= {f"noise_only_z{suffix}": noise_z, f"z_over_noise{suffix}": z["z"] - noise_z}
+    return figures
+
+
+def pooled_preference(sums: pd.DataFrame, num_towers: int, min_count: int):
+    """(token ids, tower 0's preference [types]) over both halves, as the cross-seed correlation reads it: each
+    tower's replica-mean log-prob less the other towers', per occurrence, less its occurrence-weighted mean."""
+    logprob, count = half_means(sums, num_towers)
+    tower_sums, count = logprob.sum(axis=0).mean(axis=1), count.sum(axis=0)  # [towers, types], [types]
+    contrast_sums = tower_sums - (tower_sums.sum(axis=0, keepdims=True) - tower_sums) / (num_towers - 1)
+    offset = contrast_sums.sum(axis=1, keepdims=True) / count.sum()
+    eligible = count >= min_count
+    token_ids = np.sort(sums["token_id"].unique())[eligible]
+    return token_ids, (contrast_sums[:, eligible] / count[eligible] - offset)[0]
+
+
+def matched_r(first, second) -> float:
+    """Two runs' matched correlation over their shared types (two towers: |r| of tower 0's preferences)."""
+    shared, a, b = np.intersect1d(first[0], second[0], return_indices=True)
+    return float(abs(np.corrcoef(first[1][a], second[1][b])[0, 1]))
+
+
+def oriented_d(runs: list[dict]) -> list[float]:
+    """Each run's d with its towers oriented to the first run's: flipped where its cross-fitted preference
+    correlates negatively with the first's over their shared types."""
+    reference_ids, reference = runs[0]["cross_fitted"]
+    oriented = []
+    for run in runs:
+        token_ids, values = run["cross_fitted"]
+        _, a, b = np.intersect1d(reference_ids, token_ids, return_indices=True)
+        oriented.append(float(np.sign(np.corrcoef(reference[a], values[b])[0, 1]) * run["d"]))
+    return oriented
 
 
 def t_interval(values) -> dict:
@@ -156,29 +253,103 @@ def endpoint_figures(frame: pd.DataFrame, column: str) -> dict:
     return {"cells": cells, "effects": effects(frame) if len(cells) == 4 else None}
 
 
+def sign_flip_p(differences) -> float:
+    """The exact two-sided p of a paired mean difference over every sign flip of the differences."""
+    differences = np.asarray(differences, float)
+    flips = np.array(np.meshgrid(*[[1, -1]] * differences.size)).reshape(differences.size, -1).T
+    means = np.abs((flips * differences).mean(axis=1))
+    return float(np.mean(means >= abs(differences.mean()) - 1e-12 * max(1.0, abs(differences.mean()))))
+
+
+ENDPOINT_LABELS = {"value": "cross-fitted r", "part_of_speech_z": "part-of-speech z",
+                   "part_of_speech_z_frequency_adjusted": "part-of-speech z, log-frequency trend removed",
+                   "noise_only_z": "part-of-speech z of probe noise alone", "z_over_noise": "part-of-speech z over noise",
+                   "variance_share": "variance share of the function/content label"}
+RUN_ENDPOINTS = ("value", "part_of_speech_z", "part_of_speech_z_frequency_adjusted", "noise_only_z", "z_over_noise",
+                 "variance_share", *(f"z_over_noise_at_{t}" for t in THRESHOLDS if t != PRIMARY_THRESHOLD))
+
+
+def run_rows(report_dir: Path, index: pd.DataFrame) -> list[dict]:
+    """Per row of the index (run, point, text): its figures, and what the cross-seed and sign readings need."""
+    rows = []
+    for row in index.itertuples():
+        sums = read_kept_table(report_dir / row.path, SUMS_COLUMNS)
+        figures = {"run": row.run, "seed": int(row.seed), "text": row.text, "step": int(row.step),
+                   "cross_fitted_r": row.cross_fitted_r, "value": cross_fitted_r(sums, row.num_towers, row.min_count),
+                   "pooled": pooled_preference(sums, row.num_towers, row.min_count),
+                   "cross_fitted": cross_fitted_tower_0(sums, row.num_towers, row.min_count)}
+        if isinstance(getattr(row, "type_tags_path", None), str):
+            tags = read_kept_table(report_dir / row.type_tags_path, TAGS_COLUMNS)
+            figures |= part_of_speech_figures(sums, row.num_towers, row.min_count, tags)
+        rows.append(figures | group_of(row))
+    return rows
+
+
+def group_of(row) -> dict:
+    """The run's 2x2 codes (c, e) and, in the joint-gradient experiment, its arm."""
+    group = {"c": 1 if row.cooperative else -1, "e": -1 if row.separate_embeddings else 1}
+    if getattr(row, "tower_heads", False):
+        group["arm"] = "joint" if row.joint_gradient else "stopped"
+    return group
+
+
+def cross_seed(runs: list[dict]) -> dict:
+    """The mean matched r over seed pairs and each pair's (by seeds)."""
+    pairs = {f"{a['seed']}-{b['seed']}": matched_r(a["pooled"], b["pooled"])
+             for a, b in itertools.combinations(sorted(runs, key=lambda run: run["seed"]), 2)}
+    return {"r": float(np.mean(list(pairs.values()))) if pairs else None, "pair_r": pairs}
+
+
+def factorial_point(frame: pd.DataFrame, runs: list[dict]) -> dict:
+    """The 2x2 at one text and point: every endpoint's cells and effects, the pooled cooperative means, the cross-seed
+    r and the oriented signs per cell."""
+    point = {name: endpoint_figures(frame, name) for name in RUN_ENDPOINTS if name in frame and frame[name].notna().any()}
+    cooperative = frame[frame["c"] == 1]
+    point["cooperative_means"] = {name: t_interval(cooperative[name].dropna()) for name in RUN_ENDPOINTS
+                                  if name != "value" and name in cooperative and cooperative[name].notna().any()}
+    point["cross_seed"], point["signs"] = {}, {}
+    for cell, name in CELLS.items():
+        members = sorted((run for run in runs if (run["c"], run["e"]) == cell), key=lambda run: run["seed"])
+        point["cross_seed"][name] = cross_seed(members)
+        if members and all("d" in run for run in members):
+            point["signs"][name] = dict(zip((run["seed"] for run in members), oriented_d(members)))
+    return point
+
+
+def arms_point(frame: pd.DataFrame, runs: list[dict]) -> dict:
+    """The joint-gradient experiment at one text and point: every endpoint's arms and paired difference (joint minus
+    stopped, by seed: mean, t interval, exact sign-flip p), and each arm's cross-seed r."""
+    point = {}
+    for name in RUN_ENDPOINTS:
+        if name not in frame or frame[name].isna().all():
+            continue
+        arms = {arm: rows.set_index("seed")[name].dropna() for arm, rows in frame.groupby("arm")}
+        paired = pd.concat(arms, axis=1).dropna() if len(arms) == 2 else None
+        difference = None
+        if paired is not None and len(paired) >= 2:
+            values = (paired["joint"] - paired["stopped"]).to_numpy()
+            difference = t_interval(values) | {"p": sign_flip_p(values)}
+        point[name] = {"arms": {arm: t_interval(values) for arm, values in arms.items()}, "difference": difference}
+    point["cross_seed"] = {arm: cross_seed([run for run in runs if run["arm"] == arm]) for arm in ("joint", "stopped")}
+    return point
+
+
 def recompute(report_dir: Path) -> dict:
-    """Endpoint 1 (the cross-fitted r) per run and its 2x2 at every text and point; endpoint 3 (the part-of-speech
-    z) where the index names the text's kept tags (`type_tags_path`)."""
+    """Every figure the module docstring lists, per run and per text and point."""
     index = read_kept_table(report_dir / "run_index.parquet", INDEX_COLUMNS)
-    sums = [read_kept_table(report_dir / row.path, SUMS_COLUMNS) for row in index.itertuples()]
-    index["value"] = [cross_fitted_r(table, row.num_towers, row.min_count)
-                      for table, row in zip(sums, index.itertuples())]
-    tagged = "type_tags_path" in index and index["type_tags_path"].notna().all()
-    if tagged:
-        index["part_of_speech_z"] = [
-            part_of_speech_z(table, row.num_towers, row.min_count,
-                             read_kept_table(report_dir / row.type_tags_path, TAGS_COLUMNS))
-            for table, row in zip(sums, index.itertuples())]
-    index["c"] = np.where(index["cooperative"], 1, -1)
-    index["e"] = np.where(index["separate_embeddings"], -1, 1)
-    columns = ["run", "text", "step", "value", "cross_fitted_r", *(["part_of_speech_z"] if tagged else [])]
-    result = {"runs": index[columns].to_dict("records"), "points": []}
-    for (text, step), frame in index.groupby(["text", "step"], sort=False):
-        point = {"text": text, "step": int(step), **endpoint_figures(frame, "value")}
-        if tagged:
-            point["part_of_speech_z"] = endpoint_figures(frame, "part_of_speech_z")
+    rows = run_rows(report_dir, index)
+    frame = pd.DataFrame([{key: value for key, value in row.items() if key not in ("pooled", "cross_fitted")}
+                          for row in rows])
+    result = {"runs": frame.drop(columns=["c", "e"]).to_dict("records"), "points": []}
+    for (text, step), point_frame in frame.groupby(["text", "step"], sort=False):
+        runs = [row for row in rows if row["text"] == text and row["step"] == step]
+        point = {"text": text, "step": int(step)}
+        if "arm" in point_frame and point_frame["arm"].notna().all():
+            point["arms"] = arms_point(point_frame, runs)
+        else:
+            point |= factorial_point(point_frame, runs)
         result["points"].append(point)
-    return result
+    return json.loads(json.dumps(result, default=float))  # numpy numbers as plain ones
 
 
 def with_ci(figure: dict) -> str:
@@ -203,15 +374,31 @@ def main(argv=None):
     for run in result["runs"]:
         print(f"  {run['run']:<32} {run['text']:<20} step {run['step']:>6}  {run['value']:.4f}  ({run['cross_fitted_r']:.4f})")
     for point in result["points"]:
-        for name, figures in (("cross-fitted r", point), ("part-of-speech z", point.get("part_of_speech_z"))):
-            if figures is None:
+        print(f"{point['text']}, step {point['step']}")
+        if "arms" in point:
+            for name, figures in point["arms"].items():
+                if name == "cross_seed":
+                    print("  cross-seed r: " + ", ".join(f"{arm} {f['r']:.3f}" for arm, f in figures.items() if f["r"] is not None))
+                    continue
+                difference = figures["difference"]
+                print(f"  {ENDPOINT_LABELS.get(name, name)}: " + ", ".join(f"{arm} {with_ci(f)}" for arm, f in figures["arms"].items())
+                      + ("" if difference is None else f"; joint minus stopped {with_ci(difference)}, sign-flip p {difference['p']:.3g}"))
+            continue
+        for name in RUN_ENDPOINTS:
+            if name not in point:
                 continue
-            print(f"{point['text']}, step {point['step']}, {name}: cells (mean over seeds, 95% t interval)")
-            for cell, figure in figures["cells"].items():
-                print(f"  {cell:<34} {with_ci(figure)}  ({figure['n']} seeds)")
-            for effect, figure in (figures["effects"] or {}).items():
+            print(f"  {ENDPOINT_LABELS.get(name, name)}: cells (mean over seeds, 95% t interval)")
+            for cell, figure in point[name]["cells"].items():
+                print(f"    {cell:<34} {with_ci(figure)}  ({figure['n']} seeds)")
+            for effect, figure in (point[name]["effects"] or {}).items():
                 p = "" if figure["p"] is None else f"  p {figure['p']:.3g}"
-                print(f"  effect of {effect:<24} {with_ci(figure)}{p}")
+                print(f"    effect of {effect:<22} {with_ci(figure)}{p}")
+            if name in point["cooperative_means"]:
+                print(f"    both cooperative cells pooled       {with_ci(point['cooperative_means'][name])}")
+        print("  cross-seed r per cell: " + "; ".join(f"{cell} {f['r']:.3f}" for cell, f in point["cross_seed"].items()
+                                                  if f["r"] is not None))
+        for cell, signs in point["signs"].items():
+            print(f"  d per seed, oriented ({cell}): " + ", ".join(f"{d:+.3f}" for d in signs.values()))
     return result
 
 

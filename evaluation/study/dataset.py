@@ -49,11 +49,14 @@ def full_table_split(path: str) -> str:
 
 
 def family_options(study, family: str) -> dict:
-    """The options that tell a family's cells apart: cooperative and separate_embeddings (recipe, study, family)."""
+    """The options that tell a family's cells or arms apart (recipe, study, family): cooperative and
+    separate_embeddings (the 2x2), tower_heads and joint_gradient (the joint-gradient experiment)."""
     spec = study.families[family]
     options = {**dataclasses.asdict(load_config(spec.pretrain_recipe)), **study.pretrain, **spec.overrides}
     return {"cooperative": options.get("cooperative") is not False,
-            "separate_embeddings": bool(options.get("separate_embeddings"))}
+            "separate_embeddings": bool(options.get("separate_embeddings")),
+            "tower_heads": bool(options.get("tower_heads")),
+            "joint_gradient": options.get("joint_gradient") is not False}
 
 
 def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:

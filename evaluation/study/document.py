@@ -51,9 +51,11 @@ from .cross_fit import (
 )
 from .dataset import write_dataset_card
 from .factorial import factorial_analysis
+from .joint_gradient import joint_gradient_analysis
 from .factorial_report import factorial_context
 from .full_tables import full_tables_note
 from .kept_tables import load_kept_report
+from .joint_gradient_report import gradient_context
 from .long_run import long_run_rows, long_run_table
 from .plots import plot_convergence, plot_noise_floor, plot_trajectory
 from .verdicts import (
@@ -338,6 +340,7 @@ class StudyAnalysis:
     total_minutes: float
     longest_run_minutes: float
     factorial: dict | None = None  # the 2x2 of cooperation and embedding sharing, where the families cross them
+    joint_gradient: dict | None = None  # the joint-gradient experiment, where the study has its two arms
 
     @property
     def verdicts(self):
@@ -349,10 +352,11 @@ class StudyAnalysis:
 
 
 def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=None,
-                 type_tags_of=None) -> StudyAnalysis:
+                 type_tag_table_of=None) -> StudyAnalysis:
     """The verdicts (on every text, with the model quality of each arm), the cross-fitted verdicts, the long-run
     rows, the size grid, the convergence checks, the token categories of the finished runs and the 2x2 (its
-    part-of-speech endpoint from `type_tags_of(text, tokenizer_file)`, factorial_analysis)."""
+    part-of-speech endpoint from `type_tag_table_of(text, tokenizer_file)`, factorial_analysis) and the joint-gradient
+    experiment (joint_gradient_analysis)."""
     primary = next(iter(study.eval_texts))
     trajectory = trajectory_rows(summaries, primary)
     verdicts_by_text = {text: text_verdicts(summaries, runs_dir, text, study) for text in study.eval_texts}
@@ -378,7 +382,8 @@ def analyse_runs(summaries, runs_dir, study, convergence=None, unigram_entropy=N
         num_runs=len(summaries),
         total_minutes=total_minutes,
         longest_run_minutes=longest_run_minutes,
-        factorial=factorial_analysis(summaries, runs_dir, study, type_tags_of=type_tags_of),
+        factorial=factorial_analysis(summaries, runs_dir, study, type_tag_table_of=type_tag_table_of),
+        joint_gradient=joint_gradient_analysis(summaries, runs_dir, study, type_tag_table_of=type_tag_table_of),
     )
 
 
@@ -428,6 +433,7 @@ def study_document(analysis: StudyAnalysis, command, study, report_dir) -> str:
                           if analysis.recurrence else None),
         top_types=analysis.top_types,
         factorial=factorial_context(analysis.factorial, markdown_table),
+        gradient=gradient_context(analysis.joint_gradient, markdown_table),
         run_families={row["family"] for row in analysis.rows},  # a family without finished runs is not described
         full_tables=full_tables_note(report_dir),
     )
@@ -454,14 +460,15 @@ def study_results(analysis: StudyAnalysis, command) -> dict:
         "category_recurrence": analysis.recurrence,
         "top_types": analysis.top_types,
         **({"factorial": analysis.factorial} if analysis.factorial else {}),
+        **({"joint_gradient": analysis.joint_gradient} if analysis.joint_gradient else {}),
     }
 
 
 def write_study_report(summaries, runs_dir, report_dir, command, study, convergence=None, unigram_entropy=None,
-                       type_tags_of=None):
+                       type_tag_table_of=None):
     """Aggregate finished runs into report_dir (STUDY.md, study.json, plots); returns the STUDY.md path."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    analysis = analyse_runs(summaries, runs_dir, study, convergence, unigram_entropy, type_tags_of)
+    analysis = analyse_runs(summaries, runs_dir, study, convergence, unigram_entropy, type_tag_table_of)
     document = study_document(analysis, command, study, report_dir)
     write_text_atomically(report_dir / STUDY_JSON, json.dumps(study_results(analysis, command), indent=2) + "\n")
     write_dataset_card(summaries, report_dir, study, render_template)  # where runs keep per-type sums

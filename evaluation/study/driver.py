@@ -48,8 +48,8 @@ from safetensors.torch import load_file
 
 from twotower.training.arguments import load_config
 from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
-from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
 from twotower.training.hub import check_hub_target, check_repo_id
+from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
 from twotower.training.objectives import objective_of
 from twotower.training.run_folder import continuation_options, read_eval_history
 from twotower.training.tokenizer import load_tokenizer
@@ -67,7 +67,7 @@ from .kept_files import check_kept_run, json_problem, read_kept_json, set_aside_
 from .kept_tables import KEPT_TOKENIZER, TYPE_TOTALS_PARQUET, keep_point_sums, write_type_totals
 from .dataset import push_study_dataset
 from .document import STUDY_JSON, summary_lines, write_study_report
-from .parts_of_speech import kept_type_tags
+from .parts_of_speech import kept_type_tag_table
 from .verdicts import unigram_cross_entropy
 from ..tower_preference.summary import summary_keys
 
@@ -443,18 +443,18 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
     ]
     return write_study_report(
         summaries, kept_runs, report_dir, command, study, convergence, summaries[0]["unigram_cross_entropy_nats"],
-        type_tags_of=scored_text_tags(study, data_dir, report_dir),
+        type_tag_table_of=scored_text_tags(study, data_dir, report_dir),
     )
 
 
 def scored_text_tags(study, data_dir, report_dir):
-    """The 2x2's part-of-speech tags: type_tags_of(text, tokenizer_file), each text tagged once per tokenizer and
-    kept in the report folder (parts_of_speech.kept_type_tags)."""
+    """The part-of-speech tags of the 2x2 and the joint-gradient experiment: type_tag_table_of(text, tokenizer_file),
+    each text tagged once per tokenizer and kept in the report folder (parts_of_speech.kept_type_tag_table)."""
 
-    def type_tags_of(text, tokenizer_file):
-        return kept_type_tags(report_dir, text, data_path(data_dir, study.eval_texts[text].file), tokenizer_file)
+    def type_tag_table_of(text, tokenizer_file):
+        return kept_type_tag_table(report_dir, text, data_path(data_dir, study.eval_texts[text].file), tokenizer_file)
 
-    return type_tags_of
+    return type_tag_table_of
 
 
 def main(argv=None):
@@ -475,14 +475,14 @@ def main(argv=None):
                         help="with --push_to_hub: stage the dataset repository in OUTPUT_DIR/hub-dataset and list it")
     args = parser.parse_args(argv)
     check_regular_expression("--runs", args.runs, "^gpt-t2-s0$")
-    command = "python -m twotower.evaluation.study " + shlex.join(sys.argv[1:] if argv is None else argv)
-    report_path = run_study(
-        args.recipe, args.data_dir, args.output_dir, args.report_dir, args.runs, args.aggregate_only, command
-    )
     if args.push_to_hub and args.dry_run:
         check_repo_id(args.push_to_hub, "--push_to_hub")
     elif args.push_to_hub:  # before the runs and the aggregation: an upload that cannot happen is refused first
         check_hub_target(args.push_to_hub, "--push_to_hub", "pass --dry-run to stage the dataset without uploading it")
+    command = "python -m twotower.evaluation.study " + shlex.join(sys.argv[1:] if argv is None else argv)
+    report_path = run_study(
+        args.recipe, args.data_dir, args.output_dir, args.report_dir, args.runs, args.aggregate_only, command
+    )
     verdicts = json.loads((Path(report_path).parent / STUDY_JSON).read_text())["verdicts"]
     print(f"Wrote {report_path}; in short:", *summary_lines(verdicts), sep="\n")
     if args.push_to_hub:

@@ -28,8 +28,11 @@ from twotower.training.arguments import load_config
 from ..scoring.cross_fitting import NUM_HALVES, CrossFittedPreference
 from ..scoring.report_files import TYPE_SUMS_PARQUET
 from .cross_fit import t_interval
-from .parts_of_speech import cross_fitted_function_content_contrast, seeds_function_content_contrast
-from .verdicts import CONFIDENCE, RunTypes, cross_seed, interval
+from ..scoring.parts_of_speech_tagging import AGREEMENT_THRESHOLD
+from .parts_of_speech import (
+    cross_fitted_function_content_contrast, noise_only_contrast_z, seeds_function_content_contrast, tags_at,
+)
+from .verdicts import CONFIDENCE, RunTypes, cross_seed, interval, seed_level_recurrence
 from ..tower_preference.preference_stats import tower_contrast
 
 FACTORS = ("cooperation", "embedding")
@@ -145,19 +148,56 @@ def type_preferences(point: KeptPoint) -> RunTypes:
                     preference=rows, sampling_variance=np.zeros_like(rows), over_floor=np.zeros(eligible.size))
 
 
+def point_contrast(point: KeptPoint, threshold: float = AGREEMENT_THRESHOLD, **options) -> dict | None:
+    """The run's function-word against content-word contrast (parts_of_speech.cross_fitted_function_content_contrast)
+    with the text's tags at `threshold`; None where the text is not tagged."""
+    if point.type_tags is None and point.type_tag_table is None:
+        return None
+    tags = point.type_tags if point.type_tag_table is None else tags_at(point.type_tag_table, threshold)
+    return cross_fitted_function_content_contrast(
+        point.type_sums, tags, point.num_towers, point.replicas_per_tower, point.min_count, **options)
+
+
 def part_of_speech_z(point: KeptPoint, remove_frequency_trend: bool = False) -> float | None:
     """Endpoint 3: the run's function-word against content-word contrast z (None where the text is not tagged)."""
-    if point.type_tags is None:
-        return None
-    return cross_fitted_function_content_contrast(
-        point.type_sums, point.type_tags, point.num_towers, point.replicas_per_tower, point.min_count,
-        remove_frequency_trend=remove_frequency_trend,
-    )["z"]
+    contrast = point_contrast(point, remove_frequency_trend=remove_frequency_trend)
+    return None if contrast is None else contrast["z"]
 
 
 def frequency_adjusted_part_of_speech_z(point: KeptPoint) -> float | None:
     """Not pre-registered: endpoint 3 after removing the preference's linear trend on the types' log count."""
     return part_of_speech_z(point, remove_frequency_trend=True)
+
+
+def noise_only_z(point: KeptPoint, threshold: float = AGREEMENT_THRESHOLD) -> float | None:
+    """The part-of-speech z of the run's probe noise alone (parts_of_speech.noise_only_contrast_z: each tower's
+    replicas as two pseudo-towers); None where the text's kept tags are not given or the run has too few replicas
+    per tower to split each cross-fitting group in two (fewer than 4)."""
+    if point.type_tag_table is None or point.replicas_per_tower % 4:
+        return None
+    return noise_only_contrast_z(point.type_sums, tags_at(point.type_tag_table, threshold), point.num_towers,
+                                 point.replicas_per_tower, point.min_count)
+
+
+def z_over_noise(point: KeptPoint, threshold: float = AGREEMENT_THRESHOLD) -> float | None:
+    """The run's part-of-speech z less its probe-noise-only z, both with the tags at `threshold`."""
+    noise = noise_only_z(point, threshold)
+    if noise is None:
+        return None
+    z = point_contrast(point, threshold)["z"]
+    return None if z is None else z - noise
+
+
+def part_of_speech_variance_share(point: KeptPoint) -> float | None:
+    """The share of the run's per-type preference variance (function-word and content-word types) that the
+    function/content label explains."""
+    contrast = point_contrast(point)
+    return None if contrast is None or contrast["z"] is None else contrast["variance_share"]
+
+
+def ablation_agreement(point: KeptPoint) -> float | None:
+    """The run's correlation of its mean-ablation preference with its probe preference, as its scoring wrote it."""
+    return (point.scores.get("ablation") or {}).get("correlation_with_probe_preference")
 
 
 def part_of_speech_signs(points: list[tuple[dict, KeptPoint]], z_per_run: dict) -> dict:
@@ -180,10 +220,19 @@ def part_of_speech_signs(points: list[tuple[dict, KeptPoint]], z_per_run: dict) 
 
 PART_OF_SPEECH_ENDPOINT = "part_of_speech_z"
 FREQUENCY_ADJUSTED_ENDPOINT = "part_of_speech_z_frequency_adjusted"  # exploratory: function words are frequent
+NOISE_ONLY_ENDPOINT = "noise_only_z"
+Z_OVER_NOISE_ENDPOINT = "z_over_noise"
+VARIANCE_SHARE_ENDPOINT = "part_of_speech_variance_share"
+# endpoint 3 read against probe noise at other tag thresholds than the tagging's own (AGREEMENT_THRESHOLD)
+TAG_THRESHOLDS = (0.6, 0.7, 0.8, 0.9, 0.95)
 # per-run endpoints: name -> function of a KeptPoint returning the run's value (None when it has none); each enters
-# the same linear model, and one that no run has is left out
+# the same linear model, and one that no run has is left out. After the pre-registered three, the readings the
+# audit of the 2x2 asked for (docs/study.md): endpoint 3 against the same run's probe noise, and the share of the
+# per-type variance the label explains.
 PER_RUN_ENDPOINTS = {"cross_fitted_r": cross_fitted_r, PART_OF_SPEECH_ENDPOINT: part_of_speech_z,
-                     FREQUENCY_ADJUSTED_ENDPOINT: frequency_adjusted_part_of_speech_z}
+                     FREQUENCY_ADJUSTED_ENDPOINT: frequency_adjusted_part_of_speech_z,
+                     NOISE_ONLY_ENDPOINT: noise_only_z, Z_OVER_NOISE_ENDPOINT: z_over_noise,
+                     VARIANCE_SHARE_ENDPOINT: part_of_speech_variance_share}
 
 
 def effect_model(records: list[dict]) -> dict:
@@ -256,18 +305,23 @@ def endpoint_analysis(records: list[dict]) -> dict:
 
 def cross_seed_cells(runs_by_cell: dict[tuple, list[RunTypes]]) -> dict:
     """
-    Endpoint 2: per cell, the cross-seed matched r (study_verdicts.cross_seed) against its null, and whether its
-    interval lies above the null's 95th percentile (the split recurs across models); between cells, each effect of
-    the 2x2 on it (cell weights as in the linear model) with the interval of the cells' bootstrap values.
+    Endpoint 2: per cell, the cross-seed matched r (study_verdicts.cross_seed) against its null, read two ways: the
+    pre-registered rule (`recurs`: the interval from resampling seed pairs and types lies above the null's 95th
+    percentile) and the seed-level permutation test (`seed_level`: the mean r against the same null, with an interval
+    from resampling seeds); between cells, each effect of the 2x2 on it (cell weights as in the linear model) with
+    the interval of the cells' seed-level bootstrap values.
     """
     cells, resamples = {}, {}
     for cell, name in CELL_NAMES.items():
         figure = cross_seed(runs_by_cell.get(cell, []))
         if figure is None:
             continue
-        resamples[cell] = figure.pop("r_resamples")
+        figure.pop("r_resamples")
+        level = seed_level_recurrence(runs_by_cell[cell])
+        resamples[cell] = level.pop("r_resamples")
         cells[name] = figure | {"seeds": sorted(run.seed for run in runs_by_cell[cell]),
-                                "recurs": bool(figure["r_ci"][0] > figure["null_r_95"])}
+                                "recurs": bool(figure["r_ci"][0] > figure["null_r_95"]),
+                                "seed_level": level | {"recurs": level["p"] < SIGNIFICANCE}}
     if len(resamples) < 4:
         return {"cells": cells, "effects": None}
     weights = {"cooperation": lambda c, e: c / 2, "embedding": lambda c, e: e / 2, "interaction": lambda c, e: c * e}
@@ -275,13 +329,13 @@ def cross_seed_cells(runs_by_cell: dict[tuple, list[RunTypes]]) -> dict:
     for effect, weight in weights.items():
         value = sum(weight(*cell) * cells[CELL_NAMES[cell]]["r"] for cell in resamples)
         draws = sum(weight(*cell) * values for cell, values in resamples.items())
-        effects[effect] = {"value": float(value), "ci": interval(draws)}
+        effects[effect] = {"value": float(value), "ci": interval(draws[np.isfinite(draws)])}
     return {"cells": cells, "effects": effects}
 
 
-def kept_points(summaries, runs_dir, factors, text, step, type_tags_of=None) -> list[tuple[dict, KeptPoint]]:
-    """The 2x2's runs that keep type sums for `text` at `step`, with their coded factors and, where
-    `type_tags_of(text, tokenizer_file)` gives them, the text's tags."""
+def kept_points(summaries, runs_dir, factors, text, step, type_tag_table_of=None) -> list[tuple[dict, KeptPoint]]:
+    """The runs of `factors` ({family: codes}) that keep type sums for `text` at `step`, with their codes and, where
+    `type_tag_table_of(text, tokenizer_file)` gives it, the text's kept tags table."""
     points = []
     for summary in summaries:
         run = summary["run"]
@@ -289,8 +343,9 @@ def kept_points(summaries, runs_dir, factors, text, step, type_tags_of=None) -> 
             continue
         point = KeptPoint(runs_dir / run["name"], summary, text, step)
         if point.path.is_file():
-            if type_tags_of is not None:
-                point.type_tags = type_tags_of(text, point.run_dir / "tokenizer.json.gz")
+            if type_tag_table_of is not None:
+                point.type_tag_table = type_tag_table_of(text, point.run_dir / "tokenizer.json.gz")
+                point.type_tags = None if point.type_tag_table is None else tags_at(point.type_tag_table)
             points.append((factors[run["family"]] | {"family": run["family"], "seed": run["seed"]}, point))
     return points
 
@@ -306,18 +361,24 @@ def point_analysis(points: list[tuple[dict, KeptPoint]], endpoints: dict) -> dic
     if PART_OF_SPEECH_ENDPOINT in analyses:
         pos = analyses[PART_OF_SPEECH_ENDPOINT]
         pos["signs"] = part_of_speech_signs(points, pos["per_run"])
+    if Z_OVER_NOISE_ENDPOINT in analyses:  # its sensitivity to the tagging's threshold: the cells, no linear model
+        by_threshold = {}
+        for threshold in TAG_THRESHOLDS:
+            records = [codes | {"value": z_over_noise(point, threshold)} for codes, point in points]
+            by_threshold[threshold] = cell_table([r for r in records if r["value"] is not None])
+        analyses[Z_OVER_NOISE_ENDPOINT]["cells_by_threshold"] = by_threshold
     runs_by_cell = {}
     for codes, point in points:
         runs_by_cell.setdefault((codes["cooperation"], codes["embedding"]), []).append(type_preferences(point))
     return {"endpoints": analyses, "cross_seed": cross_seed_cells(runs_by_cell)}
 
 
-def factorial_analysis(summaries, runs_dir, study, endpoints=None, type_tags_of=None) -> dict | None:
+def factorial_analysis(summaries, runs_dir, study, endpoints=None, type_tag_table_of=None) -> dict | None:
     """
     The 2x2 from the kept runs (None unless the study's families cross the two factors): per text and trajectory
     point (`multiple`: the step over the first point's), each endpoint's analysis, and the pre-registered words.
-    `type_tags_of(text, tokenizer_file)`: the {token id: UPOS} of a scored text (None where not tagged), for
-    endpoint 3.
+    `type_tag_table_of(text, tokenizer_file)`: the kept tags table of a scored text (TypeTags.table(); None where
+    not tagged), for endpoint 3.
     """
     factors = family_factors(study)
     runs = [summary for summary in summaries if summary["run"]["family"] in factors]
@@ -328,7 +389,7 @@ def factorial_analysis(summaries, runs_dir, study, endpoints=None, type_tags_of=
     results = []
     for text in study.eval_texts:
         for step in steps:
-            points = kept_points(runs, runs_dir, factors, text, step, type_tags_of)
+            points = kept_points(runs, runs_dir, factors, text, step, type_tag_table_of)
             if points:
                 results.append({"text": text, "step": step, "multiple": step / steps[0],
                                 **point_analysis(points, endpoints)})
@@ -393,26 +454,59 @@ def syntax_reading(final: dict, name: str) -> str | None:
 
 
 # Pre-registered (docs/study.md): no endpoint is read before every planned run is kept; until then the tables are interim.
-INTERIM_VERDICT = {"explanation": "not read before every planned run is kept", "recurs": {}, "syntax_reading": None,
-                   "part_of_speech": {}}
+INTERIM_VERDICT = {"explanation": "not read before every planned run is kept", "recurs": {},
+                   "recurs_seed_level": {}, "syntax_reading": None, "part_of_speech": {}}
+
+
+def cooperative_values(analysis: dict) -> list[float]:
+    return [value for cell, figure in analysis["cells"].items() if cell.startswith("cooperative")
+            for value in figure["per_seed"].values()]
+
+
+def noise_reading(result: dict) -> dict | None:
+    """
+    Endpoint 3 against probe noise on one text (the audit's reading, after the pre-registered one): the cooperative
+    cells' mean z over the same runs' noise-only z, whether its interval lies above 0, the tag thresholds at which
+    it holds 0, and the share of the per-type variance the label explains (mean and largest over cooperative runs).
+    """
+    over_noise = result["endpoints"].get(Z_OVER_NOISE_ENDPOINT)
+    if over_noise is None:
+        return None
+    mean = cooperative_mean(over_noise)
+    holding_zero = [threshold for threshold, cells in over_noise["cells_by_threshold"].items()
+                    if (figure := t_interval([v for cell, f in cells.items() if cell.startswith("cooperative")
+                                              for v in f["per_seed"].values()]))["ci"] is None
+                    or figure["ci"][0] <= 0]
+    shares = cooperative_values(result["endpoints"][VARIANCE_SHARE_ENDPOINT])
+    return {"cooperative_z_over_noise": mean,
+            "cooperative_noise_only_z": cooperative_mean(result["endpoints"][NOISE_ONLY_ENDPOINT]),
+            "beyond_noise": bool(mean["ci"] is not None and mean["ci"][0] > 0),
+            "thresholds_holding_zero": holding_zero,
+            "variance_share_mean": float(np.mean(shares)) if shares else None,
+            "variance_share_max": float(np.max(shares)) if shares else None}
 
 
 def factorial_verdict(final: dict, primary_text: str) -> dict:
-    """The words of the final point: endpoint 1's explanation, endpoint 2's recurrence per cell and text, and, with
-    the part-of-speech endpoint, the syntax/semantics reading and its figures per text (the cooperative cells' mean
-    z, the cooperation effect on z, and, not pre-registered, the cooperative cells' mean z with the log-frequency
-    trend removed)."""
+    """The words of the final point: endpoint 1's explanation, endpoint 2's recurrence per cell and text (by the
+    pre-registered rule and by the seed-level test), and, with the part-of-speech endpoint, the syntax/semantics
+    reading and its figures per text (the cooperative cells' mean z, the cooperation effect on z, and, not
+    pre-registered, the cooperative cells' mean z with the log-frequency trend removed and its reading against
+    probe noise, `noise_reading`)."""
     adjusted = {text: result["endpoints"].get(FREQUENCY_ADJUSTED_ENDPOINT) for text, result in final.items()}
     return {
         "explanation": explanation({text: result["endpoints"]["cross_fitted_r"]["effects"]
                                     for text, result in final.items()}, primary_text) if primary_text in final else None,
         "recurs": {text: {cell: figure["recurs"] for cell, figure in result["cross_seed"]["cells"].items()}
                    for text, result in final.items()},
+        "recurs_seed_level": {text: {cell: figure["seed_level"]["recurs"]
+                                     for cell, figure in result["cross_seed"]["cells"].items()}
+                              for text, result in final.items()},
         "syntax_reading": syntax_reading(final, PART_OF_SPEECH_ENDPOINT),
         "part_of_speech": {
             text: {"cooperative_z": cooperative_mean(analysis),
                    "cooperation_effect": (analysis["effects"] or {}).get("cooperation"),
-                   "cooperative_z_frequency_adjusted": cooperative_mean(adjusted[text]) if adjusted[text] else None}
+                   "cooperative_z_frequency_adjusted": cooperative_mean(adjusted[text]) if adjusted[text] else None,
+                   "against_noise": noise_reading(result)}
             for text, result in final.items() if (analysis := result["endpoints"].get(PART_OF_SPEECH_ENDPOINT))
         },
     }

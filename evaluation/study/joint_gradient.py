@@ -7,7 +7,7 @@ by seed (the same initial weights and data order).
 Per run, text and trajectory point (`RUN_ENDPOINTS`):
 1. the cross-fitted r (factorial.cross_fitted_r);
 3. the part-of-speech z (factorial.part_of_speech_z), the same z of the run's probe-noise-only pseudo-preference
-   (`noise_only_z`: each tower's replicas split into two pseudo-towers), and their difference, the primary
+   (factorial.noise_only_z: each tower's replicas split into two pseudo-towers), and their difference, the primary
    endpoint 3 ("z over noise"); the difference again at every tag threshold of `TAG_THRESHOLDS` (sensitivity);
 4. the ablation agreement (the run's correlation of the mean-ablation preference with the probe preference).
 Per arm, each endpoint's mean over seeds with its t interval; between arms, the paired difference (joint minus
@@ -22,24 +22,36 @@ import itertools
 import json
 
 import numpy as np
-import pandas as pd
 
 from twotower.training.arguments import load_config
 
 from ..scoring.parts_of_speech_tagging import AGREEMENT_THRESHOLD
 from .cross_fit import t_interval
-from .factorial import KeptPoint, cross_fitted_r, kept_points, part_of_speech_z, type_preferences
-from .parts_of_speech import cross_fitted_function_content_contrast
+from .factorial import (
+    TAG_THRESHOLDS, Z_OVER_NOISE_ENDPOINT, KeptPoint, ablation_agreement, cross_fitted_r, kept_points, noise_only_z,
+    part_of_speech_z, type_preferences, z_over_noise,
+)
 from .verdicts import (
-    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, RunTypes, _aligned_correlation, cross_seed, interval,
-    shared_type_correlation,
+    BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, RunTypes, cross_seed, distinct_pair_mean, interval,
+    seed_level_recurrence, shared_type_correlation,
 )
 
 ARMS = ("joint", "stopped")
 ARM_NAMES = {"joint": "joint gradient", "stopped": "joint gradient stopped"}
 NULL_PERMUTATIONS = 1000  # as pre-registered for the cross-seed null
-TAG_THRESHOLDS = (0.6, 0.7, 0.8, 0.9, 0.95)  # 0.8, the tagging's own, is primary; the rest is sensitivity
 SIGNIFICANCE = 1 - CONFIDENCE
+PRIMARY_Z_OVER_NOISE = Z_OVER_NOISE_ENDPOINT
+# per-run endpoints: name -> function of a KeptPoint (None where the run has no value); the tag thresholds other than
+# the tagging's own are endpoint 3's sensitivity
+RUN_ENDPOINTS = {
+    "cross_fitted_r": cross_fitted_r,
+    "part_of_speech_z": part_of_speech_z,
+    "noise_only_z": noise_only_z,
+    PRIMARY_Z_OVER_NOISE: z_over_noise,
+    **{f"z_over_noise_at_{threshold}": (lambda point, threshold=threshold: z_over_noise(point, threshold))
+       for threshold in TAG_THRESHOLDS if threshold != AGREEMENT_THRESHOLD},
+    "ablation_agreement": ablation_agreement,
+}
 
 
 def arm_families(study) -> dict[str, str]:
@@ -56,73 +68,6 @@ def arm_families(study) -> dict[str, str]:
         key = (family.pretrain_recipe, json.dumps(others, sort_keys=True))
         arms.setdefault(key, {})["stopped" if options.get("joint_gradient") is False else "joint"] = name
     return next((found for found in arms.values() if len(found) == 2), {})
-
-
-def tags_at(table: pd.DataFrame, threshold: float) -> dict[int, str]:
-    """{token id: UPOS} of a kept tags table (TypeTags.table()) with the majority-tag share threshold `threshold`."""
-    tagged = table[table["agreement"] >= threshold]
-    return dict(zip(tagged["token_id"].tolist(), tagged["tag"].tolist()))
-
-
-def noise_only_table(type_sums: pd.DataFrame, tower: int, replicas_per_tower: int) -> pd.DataFrame:
-    """
-    A two-"tower" type_sums table of one tower's probe noise alone: pseudo-tower 0 holds replicas 0, 2, ... of
-    `tower` and pseudo-tower 1 replicas 1, 3, ..., so that each cross-fitting group of the pseudo-run holds replicas of
-    the real run's same group (the first and the second half of the tower's replicas). Its preference is what the
-    probes' noise gives where the towers cannot differ.
-    """
-    if replicas_per_tower < 4 or replicas_per_tower % 4:
-        raise ValueError(f"a noise-only pseudo-run splits each group of replicas in two: needs a multiple of 4 "
-                         f"replicas per tower, got {replicas_per_tower}.")
-    first = tower * replicas_per_tower
-    order = [*range(0, replicas_per_tower, 2), *range(1, replicas_per_tower, 2)]
-    columns = {f"logprob_sum_probe{new}": type_sums[f"logprob_sum_probe{first + old}"] for new, old in enumerate(order)}
-    return pd.DataFrame({"half": type_sums["half"], "token_id": type_sums["token_id"], "count": type_sums["count"],
-                         **columns})
-
-
-def contrast_z(type_sums, type_tags, num_towers, replicas_per_tower, min_count) -> float | None:
-    return cross_fitted_function_content_contrast(type_sums, type_tags, num_towers, replicas_per_tower, min_count)["z"]
-
-
-def noise_only_z(point: KeptPoint, type_tags: dict) -> float | None:
-    """The part-of-speech z of the run's probe noise alone: the mean over towers of each noise-only pseudo-run's z."""
-    values = [contrast_z(noise_only_table(point.type_sums, tower, point.replicas_per_tower), type_tags, 2,
-                         point.replicas_per_tower // 2, point.min_count) for tower in range(point.num_towers)]
-    return None if any(value is None for value in values) else float(np.mean(values))
-
-
-def z_over_noise(point: KeptPoint, threshold: float) -> float | None:
-    """The run's part-of-speech z less its noise-only z, with the text's tags at `threshold` (None untagged)."""
-    if point.type_tag_table is None:
-        return None
-    tags = tags_at(point.type_tag_table, threshold)
-    z = contrast_z(point.type_sums, tags, point.num_towers, point.replicas_per_tower, point.min_count)
-    noise = noise_only_z(point, tags)
-    return None if z is None or noise is None else z - noise
-
-
-def ablation_agreement(point: KeptPoint) -> float | None:
-    return (point.scores.get("ablation") or {}).get("correlation_with_probe_preference")
-
-
-def noise_z_primary(point: KeptPoint) -> float | None:
-    if point.type_tag_table is None:
-        return None
-    return noise_only_z(point, tags_at(point.type_tag_table, AGREEMENT_THRESHOLD))
-
-
-PRIMARY_Z_OVER_NOISE = "z_over_noise"
-# per-run endpoints: name -> function of a KeptPoint (None where the run has no value)
-RUN_ENDPOINTS = {
-    "cross_fitted_r": cross_fitted_r,
-    "part_of_speech_z": part_of_speech_z,
-    "noise_only_z": noise_z_primary,
-    PRIMARY_Z_OVER_NOISE: lambda point: z_over_noise(point, AGREEMENT_THRESHOLD),
-    **{f"z_over_noise_at_{threshold}": (lambda point, threshold=threshold: z_over_noise(point, threshold))
-       for threshold in TAG_THRESHOLDS if threshold != AGREEMENT_THRESHOLD},
-    "ablation_agreement": ablation_agreement,
-}
 
 
 def sign_flip_p(differences) -> float:
@@ -146,41 +91,6 @@ def endpoint_analysis(values: dict[str, dict[int, float]]) -> dict:
     """One per-run endpoint ({arm: {seed: value}}): each arm's mean and t interval, and the paired difference."""
     arms = {arm: t_interval(list(per_seed.values())) | {"per_seed": per_seed} for arm, per_seed in values.items()}
     return {"arms": arms, "difference": paired_difference(values.get("joint", {}), values.get("stopped", {}))}
-
-
-def seed_level_recurrence(runs: list[RunTypes], null_permutations: int = NULL_PERMUTATIONS,
-                          resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict | None:
-    """
-    Endpoint 2 read at the level of seeds: the mean matched r over seed pairs; its permutation p against the null of
-    types permuted within each pair (`null_permutations` draws, p = (1 + draws at least as large) / (1 + draws));
-    and its interval from resampling seeds (the mean over pairs of distinct drawn seeds), which keeps the pairs'
-    dependence (every seed is in several pairs). Also the per-pair values and each draw's null mean.
-    """
-    if len(runs) < 2:
-        return None
-    pairs = {(i, j): shared_type_correlation(runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)}
-    pair_r = np.full((len(runs), len(runs)), np.nan)
-    for (i, j), (_, _, r) in pairs.items():
-        pair_r[i, j] = pair_r[j, i] = r
-    observed = float(np.nanmean(pair_r))
-    rng = np.random.default_rng(seed)
-    null = np.array([
-        np.mean([_aligned_correlation(a, b[:, rng.permutation(b.shape[1])]) for a, b, _ in pairs.values()])
-        for _ in range(null_permutations)
-    ])
-    draws = rng.integers(len(runs), size=(resamples, len(runs)))
-    boot = np.array([_distinct_pair_mean(pair_r, drawn) for drawn in draws])
-    return {"r": observed, "r_ci": interval(boot[np.isfinite(boot)]), "r_resamples": boot,
-            "p": float((1 + np.sum(null >= observed)) / (1 + null_permutations)),
-            "null_r": float(null.mean()), "null_r_95": float(np.percentile(null, 95)),
-            "num_pairs": len(pairs), "seeds": [run.seed for run in runs]}
-
-
-def _distinct_pair_mean(pair_r: np.ndarray, drawn: np.ndarray) -> float:
-    """The mean matched r over the pairs of drawn seeds that are two different seeds (NaN where all are one)."""
-    first, second = np.triu_indices(drawn.size, k=1)
-    values = pair_r[drawn[first], drawn[second]]
-    return float(np.nanmean(values)) if np.isfinite(values).any() else np.nan
 
 
 def recurrence(runs_by_arm: dict[str, list[RunTypes]]) -> dict:
@@ -217,7 +127,7 @@ def paired_recurrence_difference(joint: list[RunTypes], stopped: list[RunTypes],
         matrices.append(matrix)
     rng = np.random.default_rng(seed)
     draws = rng.integers(len(seeds), size=(resamples, len(seeds)))
-    boot = np.array([_distinct_pair_mean(matrices[0], d) - _distinct_pair_mean(matrices[1], d) for d in draws])
+    boot = np.array([distinct_pair_mean(matrices[0], d) - distinct_pair_mean(matrices[1], d) for d in draws])
     value = float(np.nanmean(matrices[0]) - np.nanmean(matrices[1]))
     return {"value": value, "ci": interval(boot[np.isfinite(boot)]), "seeds": seeds}
 
@@ -339,12 +249,7 @@ def joint_gradient_analysis(summaries, runs_dir, study, endpoints=None, type_tag
     factors = {family: {"arm": arm} for family, arm in arm_of.items()}
     for text in study.eval_texts:
         for step in steps:
-            points = kept_points(runs, runs_dir, factors, text, step)
-            for _, point in points:
-                if type_tag_table_of is not None:
-                    point.type_tag_table = type_tag_table_of(text, point.run_dir / "tokenizer.json.gz")
-                if point.type_tag_table is not None:
-                    point.type_tags = tags_at(point.type_tag_table, AGREEMENT_THRESHOLD)
+            points = kept_points(runs, runs_dir, factors, text, step, type_tag_table_of)
             if points:
                 result["points"].append({"text": text, "step": step, "multiple": step / steps[0],
                                          **point_analysis(points, endpoints)})

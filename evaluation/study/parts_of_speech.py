@@ -17,7 +17,7 @@ difference of means reads. The types' tags come from tagging the scored text wit
     across["runs"][seed]["d_nats"], across["sign_consistency"]
 
 The study tags each scored text once for its runs' tokenizer and keeps the tags beside the runs
-(`REPORT_DIR/type_tags/TEXT-TOKENIZER.parquet`, `kept_type_tags`), so that the contrast is recomputed from kept files
+(`REPORT_DIR/type_tags/TEXT-TOKENIZER.parquet`, `kept_type_tag_table`), so that the contrast is recomputed from kept files
 alone, without spaCy.
 """
 
@@ -34,7 +34,7 @@ from twotower.training.data import load_raw_datasets
 from twotower.training.utils.atomic import write_atomically
 
 from ..scoring.cross_fitting import CrossFittedPreference
-from ..scoring.parts_of_speech_tagging import TypeTags, tag_lines, tagged_types, tagger_available
+from ..scoring.parts_of_speech_tagging import AGREEMENT_THRESHOLD, TypeTags, tag_lines, tagged_types, tagger_available
 from .kept_files import set_aside_damaged_table
 from ..tower_preference.parts_of_speech import (
     CONTENT_TAGS, FUNCTION_TAGS, NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast,
@@ -99,7 +99,19 @@ def cross_fitted_function_content_contrast(
         log_count = np.log(table.groupby("token_id")["count"].sum().reindex(token_ids).to_numpy(np.float64))
         design = np.column_stack([np.ones_like(log_count), log_count])
         tower_0 = tower_0 - design @ np.linalg.lstsq(design, tower_0, rcond=None)[0]
-    return function_content_contrast(tower_0, tags, permutations, seed) | counts
+    contrast = function_content_contrast(tower_0, tags, permutations, seed)
+    return contrast | counts | {"variance_share": label_variance_share(tower_0, tags)}
+
+
+def label_variance_share(preference: np.ndarray, tags: np.ndarray) -> float:
+    """The share of the per-type preference's variance, over the function-word and content-word types, that the
+    function/content label explains (R^2 of the preference on the label: between-group over total sum of squares)."""
+    is_function = np.isin(tags, FUNCTION_TAGS)
+    labelled = is_function | np.isin(tags, CONTENT_TAGS)
+    values, labels = preference[labelled], is_function[labelled]
+    total = ((values - values.mean()) ** 2).sum()
+    between = sum(group.size * (group.mean() - values.mean()) ** 2 for group in (values[labels], values[~labels]))
+    return float(between / total) if total > 0 else 0.0
 
 
 def has_both_groups(tags) -> bool:
@@ -149,11 +161,11 @@ def type_tags_path(report_dir, text_name: str, tokenizer_file) -> Path:
     return Path(report_dir, TYPE_TAGS_DIR, f"{text_name}-{digest}.parquet")
 
 
-def kept_type_tags(report_dir, text_name: str, text_path, tokenizer_file) -> dict | None:
+def kept_type_tag_table(report_dir, text_name: str, text_path, tokenizer_file) -> pd.DataFrame | None:
     """
-    {token id: UPOS} of a scored text for a kept run's tokenizer: read from its `type_tags_path` (TypeTags.table())
-    where the study kept it, else tagged now (`tag_text`) and kept there; None when it is not kept and the `pos`
-    extra is not installed.
+    The tags of a scored text for a kept run's tokenizer (TypeTags.table(): token_id, count, tag, agreement,
+    tagged): read from its `type_tags_path` where the study kept it, else tagged now (`tag_text`) and kept there;
+    None when it is not kept and the `pos` extra is not installed. `tags_at` gives {token id: UPOS} at a threshold.
     """
     path = type_tags_path(report_dir, text_name, tokenizer_file)
     set_aside_damaged_table(path, "type_tags", "the text is tagged again (where spaCy is installed).")
@@ -165,7 +177,44 @@ def kept_type_tags(report_dir, text_name: str, text_path, tokenizer_file) -> dic
         table = tag_text(text_path, tokenizer).table()
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, lambda tmp: table.to_parquet(tmp, index=False))
-    return tagged_types(pd.read_parquet(path))
+    return pd.read_parquet(path)
+
+
+def tags_at(table: pd.DataFrame, threshold: float = AGREEMENT_THRESHOLD) -> dict[int, str]:
+    """{token id: UPOS} of a kept tags table: the types whose majority tag has at least `threshold` of their
+    occurrences (at the tagging's own threshold, the rows marked `tagged`)."""
+    if threshold == AGREEMENT_THRESHOLD:
+        return tagged_types(table)
+    tagged = table[table["agreement"] >= threshold]
+    return dict(zip(tagged["token_id"].tolist(), tagged["tag"].tolist()))
+
+
+def noise_only_table(type_sums: pd.DataFrame, tower: int, replicas_per_tower: int) -> pd.DataFrame:
+    """
+    A two-"tower" type_sums table of one tower's probe noise alone: pseudo-tower 0 holds replicas 0, 2, ... of
+    `tower` and pseudo-tower 1 replicas 1, 3, ..., so that each cross-fitting group of the pseudo-run holds replicas of
+    the real run's same group (the first and the second half of the tower's replicas). Its preference is what the
+    probes' noise gives where the towers cannot differ.
+    """
+    if replicas_per_tower < 4 or replicas_per_tower % 4:
+        raise ValueError(f"a noise-only pseudo-run splits each group of replicas in two: needs a multiple of 4 "
+                         f"replicas per tower, got {replicas_per_tower}.")
+    first = tower * replicas_per_tower
+    order = [*range(0, replicas_per_tower, 2), *range(1, replicas_per_tower, 2)]
+    columns = {f"logprob_sum_probe{new}": type_sums[f"logprob_sum_probe{first + old}"] for new, old in enumerate(order)}
+    return pd.DataFrame({"half": type_sums["half"], "token_id": type_sums["token_id"], "count": type_sums["count"],
+                         **columns})
+
+
+def noise_only_contrast_z(type_sums, type_tags: dict, num_towers: int = 2, replicas_per_tower: int = 4,
+                          min_count: int = 10) -> float | None:
+    """The part-of-speech z of a run's probe noise alone: the mean over towers of each noise-only pseudo-run's z
+    (`noise_only_table`), None where one has no contrast. The bar a run's own z has to clear."""
+    table = read_type_sums(type_sums)
+    values = [cross_fitted_function_content_contrast(noise_only_table(table, tower, replicas_per_tower), type_tags, 2,
+                                                     replicas_per_tower // 2, min_count)["z"]
+              for tower in range(num_towers)]
+    return None if any(value is None for value in values) else float(np.mean(values))
 
 
 def _tags_of(token_ids, type_tags: dict) -> np.ndarray:

@@ -70,3 +70,25 @@ def plot_convergence(checks, path):
     axis.legend(fontsize=8)
     figure.tight_layout()
     save_figure(figure, path)
+
+
+def plot_factorial_cells(factorial: dict, path):
+    """The 2x2's cross-fitted r at its final point: per text a panel, per cell its seeds (dots) and their mean with the
+    95% t interval (bar), from the study's JSON (factorial.factorial_analysis)."""
+    final = [point for point in factorial["points"] if point["step"] == factorial["final_step"]]
+    figure, axes = plt.subplots(1, len(final), figsize=(4.2 * len(final), 2.8), sharey=True, squeeze=False)
+    for axis, point in zip(axes[0], final):
+        cells = point["endpoints"]["cross_fitted_r"]["cells"]
+        for position, (cell, figure_of_cell) in enumerate(cells.items()):
+            seeds = list(figure_of_cell["per_seed"].values())
+            axis.scatter(seeds, [position] * len(seeds), color="0.6", s=14, zorder=2)
+            if figure_of_cell["ci"] is not None:
+                axis.hlines(position, *figure_of_cell["ci"], color="C0", linewidth=3, zorder=1)
+            axis.scatter([figure_of_cell["value"]], [position], color="C0", marker="|", s=200, zorder=3)
+        axis.axvline(0, color="gray", linewidth=0.8)
+        axis.set_yticks(range(len(cells)), list(cells), fontsize=8)
+        axis.set_title(f"{point['text']}, {point['multiple']:g}x", fontsize=9)
+        axis.set_xlabel("cross-fitted r (per-type preference reproduced)", fontsize=8)
+    axes[0][0].invert_yaxis()
+    figure.tight_layout()
+    save_figure(figure, path)

@@ -1,13 +1,15 @@
 """
 The study's summary, generated: every figure the README and docs/study.md quote of the study comes from the study
-documents' JSON (docs/study/study.json, crossfit/study.json, long/study.json, and causes/study.json once the 2x2 has
-runs) through the template templates/study_summary.md.j2, never copied by hand.
+documents' JSON (docs/study/study.json, crossfit/study.json, long/study.json, causes/study.json and
+gradient/study.json where they have runs) through the templates templates/study_summary.md.j2 (the whole summary)
+and templates/study_findings.md.j2 (README's findings, in plain words), never copied by hand.
 
     python -m twotower.evaluation.study.summary --study_dir docs/study
 
-writes docs/study/SUMMARY.md and fills the marked block of README.md and of docs/study.md (between
-`<!-- study-summary -->` and `<!-- /study-summary -->`); `--check` only says whether they are up to date (a test runs
-it). Run it after the study command has redone a document.
+writes docs/study/SUMMARY.md and the findings' figure (docs/study/findings.png: the 2x2's cells), fills README.md's
+`<!-- study-findings -->` block and docs/study.md's `<!-- study-summary -->` block (each up to its closing
+`<!-- /study-NAME -->`); `--check` only says whether they are up to date (a test runs it). Run it after the study
+command has redone a document.
 """
 
 import argparse
@@ -23,13 +25,19 @@ from ..scoring.report import template_environment
 from .document import TEMPLATES_DIR
 from .cross_fit import cross_fit_table
 from .long_run import long_run_table
+from .plots import plot_factorial_cells
 
 SUMMARY_TEMPLATE = "study_summary.md.j2"
 SUMMARY_MD = "SUMMARY.md"
 # a generated block: `<!-- study-NAME -->` ... `<!-- /study-NAME -->`, NAME one of `blocks`' keys
 BLOCK = r"(<!-- study-{name} -->\n)(.*?)(<!-- /study-{name} -->)"
 PARTS = {"main": "study.json", "crossfit": "crossfit/study.json", "long": "long/study.json",
-         "causes": "causes/study.json"}
+         "causes": "causes/study.json", "gradient": "gradient/study.json"}
+AGREEMENT_JSON = "agreement_by_length.json"  # benchmarks/agreement_by_length.py --table: docs/preference.md's table
+CORPUS_NAMES = {"tiny-shakespeare": "Tiny Shakespeare", "wikitext-2": "WikiText-2"}
+MAIN_JOB = ("tiny-shakespeare", 200, 42)  # the main job's corpus, pretraining steps and seed
+FINDINGS_TEMPLATE = "study_findings.md.j2"
+FINDINGS_FIGURE = "findings.png"
 
 
 def _with_ci(figure, digits=2) -> str:
@@ -60,6 +68,15 @@ def render_summary(results: dict, links: str, study_md: str) -> str:
         **{part: results.get(part) for part in PARTS})
 
 
+def render_findings(results: dict, links: str, study_md: str) -> str:
+    """README's findings: each finding in plain words with its figures (the 2x2's and, where kept, the joint-gradient
+    experiment's)."""
+    environment = template_environment(TEMPLATES_DIR)
+    return environment.get_template(FINDINGS_TEMPLATE).render(
+        links=links, study_md=study_md, ci=_with_ci, percent0=lambda share: f"{100 * share:.0f}%",
+        causes=results["causes"], gradient=results.get("gradient"))
+
+
 def fill_blocks(path: Path, blocks: dict[str, str]) -> str:
     """The document at `path` with each of its generated blocks (every one it holds must be known) filled."""
     document = path.read_text()
@@ -84,13 +101,32 @@ def table_blocks(results: dict) -> dict[str, str]:
     return blocks
 
 
+def agreement_table(rows: list[dict]) -> str:
+    """docs/preference.md's table of the main job's recipe at several lengths, corpora and seeds (the kept rows of
+    benchmarks/agreement_by_length.py, in their order)."""
+    lines = ["| corpus | pretraining steps | seed | joint ppl | probe ppl, tower 0 / 1 | probe reliability | "
+             "ablation against probe preference, r |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        steps = f"{row['steps']:,}" + (" (the main job)" if (row["corpus"], row["steps"], row["seed"]) == MAIN_JOB else "")
+        probes = " / ".join(f"{value:.2f}" for value in row["probe ppl"])
+        low, high = row["agreement 95% CI"]
+        lines.append(f"| {CORPUS_NAMES.get(row['corpus'], row['corpus'])} | {steps} | {row['seed']} | "
+                     f"{row['joint ppl']:.2f} | {probes} | {row['probe reliability']:.3f} | "
+                     f"{row['agreement r']:.2f} [{low:.2f}, {high:.2f}] |")
+    return "\n".join(lines) + "\n"
+
+
 def summary_targets(study_dir: Path, repo_root: Path) -> dict[Path, str]:
     """Each generated file or filled document with its expected text."""
     results = load_results(study_dir)
     readme, study_md = repo_root / "README.md", study_dir.parent / "study.md"
+    agreement = study_dir / AGREEMENT_JSON
+    preference_md = study_dir.parent / "preference.md"
+    rows = json.loads(agreement.read_text()) if agreement.is_file() else None
     return {
+        **({preference_md: fill_blocks(preference_md, {"table-agreement": agreement_table(rows)})} if rows else {}),
         study_dir / SUMMARY_MD: "# Study summary (generated)\n\n" + render_summary(results, ".", "../study.md"),
-        readme: fill_blocks(readme, {"summary": render_summary(results, "docs/study", "docs/study.md")}),
+        readme: fill_blocks(readme, {"findings": render_findings(results, "docs/study", "docs/study.md")}),
         study_md: fill_blocks(study_md, {"summary": render_summary(results, "study", "study.md"),
                                          **table_blocks(results)}),
     }
@@ -102,6 +138,9 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--repo_root", default=".", help="the folder holding README.md")
     parser.add_argument("--check", action="store_true", help="write nothing; fail if a target is out of date")
     args = parser.parse_args(argv)
+    study_dir = Path(args.study_dir)
+    if not args.check:
+        plot_factorial_cells(load_results(study_dir)["causes"]["factorial"], study_dir / FINDINGS_FIGURE)
     stale = []
     for path, text in summary_targets(Path(args.study_dir), Path(args.repo_root)).items():
         if not path.is_file() or path.read_text() != text:

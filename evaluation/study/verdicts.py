@@ -25,7 +25,7 @@ from .kept_tables import load_kept_report
 
 BOOTSTRAP_RESAMPLES = 2000
 CROSS_SEED_RESAMPLES = 500  # each a tower matching per seed pair: fewer than BOOTSTRAP_RESAMPLES
-NULL_PERMUTATIONS = 100
+NULL_PERMUTATIONS = 1000  # the cross-seed null's draws (the 2x2's pre-registration; 100 before it was read)
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
 CONVERGENCE_TOLERANCE = 0.02  # the loss at the run's length within 2% of the loss at the convergence run's length
@@ -178,6 +178,42 @@ def cross_seed(runs: list[RunTypes], null_permutations: int = NULL_PERMUTATIONS)
         "null_r_95": float(np.percentile(null, 95)),
         "num_shared_types": [int(a.shape[1]) for a, _, _ in pairs],
     }
+
+
+def seed_level_recurrence(runs: list[RunTypes], null_permutations: int = NULL_PERMUTATIONS,
+                          resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict | None:
+    """
+    The cross-seed matched r read at the level of seeds: the mean matched r over seed pairs; its permutation p
+    against the null of types permuted within each pair (`null_permutations` draws, p = (1 + draws at least as large)
+    / (1 + draws)); and its interval from resampling seeds (the mean over the pairs of distinct drawn seeds), which
+    keeps the pairs' dependence (every seed is in several pairs). `r_resamples`: the bootstrap values.
+    """
+    if len(runs) < 2:
+        return None
+    pairs = {(i, j): shared_type_correlation(runs[i], runs[j]) for i, j in itertools.combinations(range(len(runs)), 2)}
+    pair_r = np.full((len(runs), len(runs)), np.nan)
+    for (i, j), (_, _, r) in pairs.items():
+        pair_r[i, j] = pair_r[j, i] = r
+    observed = float(np.nanmean(pair_r))
+    rng = np.random.default_rng(seed)
+    null = np.array([
+        np.mean([_aligned_correlation(a, b[:, rng.permutation(b.shape[1])]) for a, b, _ in pairs.values()])
+        for _ in range(null_permutations)
+    ])
+    draws = rng.integers(len(runs), size=(resamples, len(runs)))
+    boot = np.array([distinct_pair_mean(pair_r, drawn) for drawn in draws])
+    return {"r": observed, "r_ci": interval(boot[np.isfinite(boot)]), "r_resamples": boot,
+            "p": float((1 + np.sum(null >= observed)) / (1 + null_permutations)),
+            "null_r": float(null.mean()), "null_r_95": float(np.percentile(null, 95)),
+            "num_pairs": len(pairs), "seeds": [run.seed for run in runs]}
+
+
+def distinct_pair_mean(pair_r: np.ndarray, drawn: np.ndarray) -> float:
+    """The mean of `pair_r` [seeds, seeds] over the pairs of drawn seeds that are two different seeds (NaN where every
+    draw is one seed)."""
+    first, second = np.triu_indices(drawn.size, k=1)
+    values = pair_r[drawn[first], drawn[second]]
+    return float(np.nanmean(values)) if np.isfinite(values).any() else np.nan
 
 
 def family_verdict(runs: list[RunTypes], control_runs: list[RunTypes]) -> dict:

@@ -216,6 +216,6 @@ def test_generated_blocks_and_code_are_not_read_and_numbers_are_parsed_as_writte
 
 
 def test_the_readme_study_section_holds_no_number_outside_its_generated_block():
-    section = README.read_text().split("## What reproduces at CPU scale")[1].split("\n## ")[0]
+    section = README.read_text().split("## What the study found")[1].split("\n## ")[0]
     outside = re.sub(r"<!--.*?-->", "", narrative(section))
-    assert "study-summary" in section and LONE.findall(outside) == []
+    assert "study-findings" in section and LONE.findall(outside) == []

@@ -27,6 +27,8 @@ FAMILIES = {  # family -> (cooperation, embedding)
 # the planted types' parts of speech: 10 function-word types (DET, ADP), 30 content-word types (NOUN, VERB)
 TYPE_TAGS = {t: "DET" if t < 5 else "ADP" if t < 10 else "NOUN" if t < 25 else "VERB" for t in range(TYPES)}
 FUNCTION_TYPES = np.arange(TYPES) < 10
+TAG_TABLE = pd.DataFrame({"token_id": list(TYPE_TAGS), "count": 50, "tag": list(TYPE_TAGS.values()), "agreement": 1.0,
+                          "tagged": True})  # as the study keeps a text's tags (TypeTags.table())
 
 
 def planted_predictions(rng, signal: float, occurrences: int = 24, function_gain: float = 0.0):
@@ -171,9 +173,9 @@ def test_a_per_run_endpoint_enters_the_same_model(tmp_path):
 
 
 def test_a_planted_part_of_speech_contrast_gives_the_syntax_reading_and_a_null_does_not(tmp_path):
-    def analysis(folder, gain, type_tags_of=lambda text, tokenizer_file: TYPE_TAGS):
+    def analysis(folder, gain, type_tag_table_of=lambda text, tokenizer_file: TAG_TABLE):
         summaries = planted_study(folder, lambda c, e: 0.5, function_gain_of=lambda c, e: gain if c == 1 else 0.0)
-        return factorial_analysis(summaries, folder, study_of(), type_tags_of=type_tags_of)
+        return factorial_analysis(summaries, folder, study_of(), type_tag_table_of=type_tag_table_of)
 
     planted = analysis(tmp_path / "planted", 1.5)
     endpoint = planted["points"][-1]["endpoints"]["part_of_speech_z"]
@@ -196,7 +198,7 @@ def test_a_planted_part_of_speech_contrast_gives_the_syntax_reading_and_a_null_d
     null = analysis(tmp_path / "null", 0.0)
     assert null["verdict"]["syntax_reading"] == "not supported at this scale"
     # untagged texts leave endpoint 3 out, and the reading with it
-    untagged = analysis(tmp_path / "untagged", 1.5, type_tags_of=lambda text, tokenizer_file: None)
+    untagged = analysis(tmp_path / "untagged", 1.5, type_tag_table_of=lambda text, tokenizer_file: None)
     assert "part_of_speech_z" not in untagged["points"][-1]["endpoints"]
     assert untagged["verdict"]["syntax_reading"] is None
 

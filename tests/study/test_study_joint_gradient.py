@@ -1,6 +1,7 @@
 """The joint-gradient experiment's analysis on planted runs: kept type sums written as a study keeps them, each endpoint
 against an independent computation, and the pre-registered words following planted effects."""
 
+import gzip
 import itertools
 import json
 
@@ -14,9 +15,14 @@ from twotower.evaluation.scoring.report_files import TYPE_SUMS_PARQUET
 from twotower.evaluation.study.config import StudyConfig
 from twotower.evaluation.study.factorial import KeptPoint
 from twotower.evaluation.study.joint_gradient import (
-    arm_families, gradient_explanation, joint_gradient_analysis, noise_only_table, paired_difference, sign_flip_p,
-    tags_at,
+    arm_families, gradient_explanation, joint_gradient_analysis, paired_difference, sign_flip_p,
 )
+from recomputed import assert_close, recomputed
+from twotower.evaluation.study.dataset import run_index
+from twotower.evaluation.study.document import render_template
+from twotower.evaluation.study.joint_gradient_report import gradient_context
+from twotower.evaluation.study.parts_of_speech import noise_only_table, tags_at, type_tags_path
+from twotower.evaluation.scoring.formatting import markdown_table
 
 REPLICAS, TYPES, MIN_COUNT, SEEDS = 4, 40, 8, 4
 ARMS = {"causal_joint": "joint", "causal_stopped": "stopped"}
@@ -162,3 +168,45 @@ def test_no_words_before_every_planned_run_is_kept(tmp_path):
     analysis = joint_gradient_analysis(summaries, tmp_path, study_of(seeds=4))
     assert analysis["runs_kept"] == 6 and analysis["runs_planned"] == 8
     assert analysis["verdict"]["explanation"] == "not read before every planned run is kept"
+
+
+def test_the_document_section_writes_the_words_and_the_tables(tmp_path):
+    summaries = planted(tmp_path, signal={"joint": 0.8, "stopped": 0.0}, function_gain={"joint": 1.0, "stopped": 0.0})
+    analysis = joint_gradient_analysis(summaries, tmp_path, study_of(), type_tag_table_of=lambda text, tok: tag_table())
+    section = render_template("study_joint_gradient.md.j2", gradient=gradient_context(analysis, markdown_table))
+    r = analysis["points"][0]["endpoints"]["cross_fitted_r"]
+    assert "*the split needs the joint gradient*" in section
+    assert f"paired difference {r['difference']['value']:.2f} [{r['difference']['ci'][0]:.2f}," in section
+    assert "over probe noise, joint gradient: *beyond probe noise on every text*" in section
+    for heading in ("### Cross-fitted r", "### Part-of-speech z over probe noise", "### Ablation agreement",
+                    "### Cross-seed r per arm"):
+        assert heading in section
+    interim = joint_gradient_analysis(summaries[:6], tmp_path, study_of(), type_tag_table_of=lambda text, tok: tag_table())
+    section = render_template("study_joint_gradient.md.j2", gradient=gradient_context(interim, markdown_table))
+    assert "*Not read yet*: 6 of 8 runs are kept" in section and "needs the joint gradient" not in section
+
+
+def test_plain_numpy_script_recomputes_the_experiments_figures(tmp_path):
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    summaries = planted(runs_dir, signal={"joint": 0.8, "stopped": 0.2}, function_gain={"joint": 1.0, "stopped": 0.0})
+    study = study_of()
+    for summary in summaries:  # a tokenizer file names the text's kept tags, as the study keeps them
+        (runs_dir / summary["run"]["name"] / "tokenizer.json.gz").write_bytes(gzip.compress(b"{}"))
+    tags_file = type_tags_path(tmp_path, "wiki", runs_dir / summaries[0]["run"]["name"] / "tokenizer.json.gz")
+    tags_file.parent.mkdir()
+    tag_table().to_parquet(tags_file)
+    run_index(summaries, runs_dir, study).to_parquet(tmp_path / "run_index.parquet")
+    analysis = joint_gradient_analysis(summaries, runs_dir, study, type_tag_table_of=lambda text, tok: tag_table())
+    (point,) = recomputed(tmp_path)["points"]
+    (document,) = analysis["points"]
+    names = {"value": "cross_fitted_r", "part_of_speech_z": "part_of_speech_z", "noise_only_z": "noise_only_z",
+             "z_over_noise": "z_over_noise", "z_over_noise_at_0.6": "z_over_noise_at_0.6"}
+    for mine, theirs in names.items():
+        for arm, figure in point["arms"][mine]["arms"].items():
+            assert_close(figure, document["endpoints"][theirs]["arms"][arm])
+        difference = point["arms"][mine]["difference"]
+        assert_close(difference, document["endpoints"][theirs]["difference"])
+        assert difference["p"] == pytest.approx(document["endpoints"][theirs]["difference"]["p"])
+    for arm, figure in point["arms"]["cross_seed"].items():
+        assert figure["r"] == pytest.approx(document["recurrence"]["arms"][arm]["pair_rule"]["r"], abs=1e-10)

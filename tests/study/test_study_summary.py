@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from twotower.evaluation.study.factorial import factorial_verdict
-from twotower.evaluation.study.summary import fill_blocks, load_results, render_summary, summary_targets
+from twotower.evaluation.study.summary import (
+    fill_blocks, load_results, render_findings, render_summary, summary_targets,
+)
 from twotower.training.utils.errors import TwoTowerUserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +74,37 @@ def test_the_2x2_once_every_run_is_kept_gives_its_effects_recurrence_and_syntax_
                                          for verdict in results["causes"]["cross_fit_verdicts"].values())
         separate["ci"] = [-0.05, 0.5]
         assert claim not in render_summary(results, "docs/study", "docs/study.md")
+
+
+def test_readme_findings_state_each_finding_with_its_figures_and_follow_them():
+    results = copy.deepcopy(load_results(STUDY_DIR))
+    findings = render_findings(results, "docs/study", "docs/study.md")
+    assert len(findings.strip().splitlines()) <= 15
+    factorial = results["causes"]["factorial"]
+    primary = next(p for p in factorial["points"]
+                   if p["step"] == factorial["final_step"] and p["text"] == factorial["primary_text"])
+    shared = primary["endpoints"]["cross_fitted_r"]["cells"]["cooperative, shared embedding"]
+    assert f"cross-fitted r {shared['value']:.2f} [{shared['ci'][0]:.2f}, {shared['ci'][1]:.2f}] for towers " in findings
+    difference = results["causes"]["cross_fit_verdicts"]["causal"]["difference"]
+    assert f"paired by seed: {difference['value']:.2f} [{difference['ci'][0]:.2f}, " in findings
+    noise = factorial["verdict"]["part_of_speech"]["gutenberg"]["against_noise"]
+    z = noise["cooperative_z_over_noise"]
+    assert f"{z['value']:.2f} [{z['ci'][0]:.2f}, {z['ci'][1]:.2f}] on the Gutenberg novels (" in findings
+    assert "![The 2x2's cross-fitted r per cell" in findings and "*supported*" not in findings
+    # the words follow the numbers: no lean beyond noise, a split that does not recur, a finished experiment
+    noise |= {"beyond_noise": False}
+    cell = primary["cross_seed"]["cells"]["cooperative, shared embedding"]
+    cell["seed_level"] |= {"recurs": False, "p": 0.3}
+    results["gradient"] = {"joint_gradient": {
+        "runs_kept": 16, "runs_planned": 16, "final_step": 4000, "primary_text": "wikitext-2-test",
+        "verdict": {"explanation": "the architecture makes the split, no effect of the joint gradient shown"},
+        "points": [{"step": 4000, "text": "wikitext-2-test", "endpoints": {
+            "cross_fitted_r": {"difference": {"value": 0.01, "ci": [-0.1, 0.12], "n": 8}}}}]}}
+    changed = render_findings(results, "docs/study", "docs/study.md")
+    assert "on the Gutenberg novels (not beyond noise)" in changed
+    assert "not shown above chance (seed-level permutation p 0.300)" in changed
+    assert ("the joint-gradient experiment answers: *the architecture makes the split, no effect of the joint "
+            "gradient shown* (cross-fitted r with the gradient minus without, 0.01 [-0.10, 0.12], 8 seeds)") in changed
 
 
 def test_a_document_without_a_block_or_with_an_unknown_one_is_refused(tmp_path):
