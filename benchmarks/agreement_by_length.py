@@ -43,17 +43,18 @@ def scored(model_dir: Path, report_dir: Path, validation_file: str) -> dict:
 
 
 def row(corpus: str, steps: int, seed: int, report: dict) -> dict:
+    """One run's figures as its report has them (unrounded: the tables that quote them round once)."""
     ablation, summary = report["ablation"], report["summary"]
     return {
         "corpus": corpus,
         "steps": steps,
         "seed": seed,
-        "joint ppl": round(report["perplexity"]["joint"], 2),
-        "probe ppl": [round(value, 2) for value in report["perplexity"]["probes"]],
-        "probe reliability": round(summary["reliability"], 3),
-        "ablation consistency": round(ablation["split_half_consistency"], 3),
-        "agreement r": round(ablation["correlation_with_probe_preference"], 3),
-        "agreement 95% CI": [round(value, 3) for value in ablation["correlation_with_probe_preference_ci"]],
+        "joint ppl": report["perplexity"]["joint"],
+        "probe ppl": report["perplexity"]["probes"],
+        "probe reliability": summary["reliability"],
+        "ablation consistency": ablation["split_half_consistency"],
+        "agreement r": ablation["correlation_with_probe_preference"],
+        "agreement 95% CI": ablation["correlation_with_probe_preference_ci"],
         "types": ablation["num_eligible_types"],
     }
 
