@@ -583,7 +583,9 @@ def numeric_leaves(value) -> list[float]:
 def card_facts(repo_dir, report, faithfulness) -> set[float]:
     """Every number the staged repository's records hold: config.json, both phases' training configs,
     preference.json, the parameter counts of the saved weights, the tokenizer's size, and the paper's."""
-    records = [json.loads((repo_dir / "config.json").read_text()), report]
+    # the per-type tags of preference.json are keyed by token id, numbers the card never states
+    parts_of_speech = {key: value for key, value in (report.get("parts_of_speech") or {}).items() if key != "types"}
+    records = [json.loads((repo_dir / "config.json").read_text()), report | {"parts_of_speech": parts_of_speech}]
     records += [yaml.safe_load(path.read_text()) for path in repo_dir.glob("training_config*.yaml")]
     known = {leaf for record in records for leaf in numeric_leaves(record)}
     sizes = {name: tensor.numel() for name, tensor in load_file(repo_dir / "model.safetensors").items()}
