@@ -38,7 +38,6 @@ from .verdicts import (
 
 ARMS = ("joint", "stopped")
 ARM_NAMES = {"joint": "joint gradient", "stopped": "joint gradient stopped"}
-NULL_PERMUTATIONS = 1000  # as pre-registered for the cross-seed null
 SIGNIFICANCE = 1 - CONFIDENCE
 PRIMARY_Z_OVER_NOISE = Z_OVER_NOISE_ENDPOINT
 # per-run endpoints: name -> function of a KeptPoint (None where the run has no value); the tag thresholds other than
@@ -98,7 +97,7 @@ def recurrence(runs_by_arm: dict[str, list[RunTypes]]) -> dict:
     the difference of the mean matched r with the interval of seeds resampled alike in both arms (paired by seed)."""
     arms = {}
     for arm, runs in runs_by_arm.items():
-        rule = cross_seed(runs, null_permutations=NULL_PERMUTATIONS)
+        rule = cross_seed(runs)
         level = seed_level_recurrence(runs)
         if rule is None or level is None:
             continue

@@ -8,7 +8,8 @@ import pandas as pd
 
 from .factorial import TAG_THRESHOLDS
 from .factorial_report import _p, _with_ci, point_label
-from .joint_gradient import ARM_NAMES, ARMS, NULL_PERMUTATIONS, PRIMARY_Z_OVER_NOISE
+from .joint_gradient import ARM_NAMES, ARMS, PRIMARY_Z_OVER_NOISE
+from .verdicts import NULL_PERMUTATIONS
 
 ENDPOINT_NAMES = {
     "cross_fitted_r": "cross-fitted r",
