@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import yaml
@@ -13,6 +15,8 @@ from twotower.training.loading import check_weight_files
 from twotower.training.utils.errors import TwoTowerUserError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # refused: loading them runs code
+# An absolute path inside text (`/home/me/...`, `~/...`): not part of a relative path, a URL or a fraction.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])~?/[^\s`'\"(),;<>|]+")
 
 
 def read_yaml(path: Path) -> dict:
@@ -27,6 +31,32 @@ def short_path(path: str) -> str:
     """The last two parts of a data path: enough to name it, without the author's home folder."""
     parts = [part for part in Path(path).parts if part not in (Path(path).anchor, "~")]
     return "/".join(parts[-2:]) or "."
+
+
+def portable(value):
+    """`value` (dicts, lists, strings) with every absolute local path, also inside text, cut to its last two parts."""
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item) for item in value]
+    if isinstance(value, str):
+        if os.path.isabs(value) or value.startswith("~"):
+            return short_path(value)
+        return ABSOLUTE_PATH.sub(lambda match: short_path(match.group()), value)
+    return value
+
+
+def local_paths(value) -> set[str]:
+    """Every absolute local path `portable` cuts in `value`: whole strings, and paths inside text."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return {path for item in value for path in local_paths(item)}
+    if not isinstance(value, str):
+        return set()
+    if os.path.isabs(value) or value.startswith("~"):
+        return {value}
+    return set(ABSOLUTE_PATH.findall(value))
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:

@@ -8,20 +8,19 @@ package; pass --template to use another). The upload goes through huggingface_hu
 upload_folder); the token comes from its standard resolution (HF_TOKEN, then `hf auth login`) and is never printed.
 
 Stage and list what would be uploaded:
-    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model \
-        --report_dir outputs/tiny-report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
+    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny/probe/model \
+        --report_dir outputs/tiny/report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
         --hardware "2 CPU cores" --dry-run
 
 Upload (to a private repository, on a branch):
-    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny-probe/model \
-        --report_dir outputs/tiny-report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
+    python -m twotower.evaluation.publishing.publish --model_dir outputs/tiny/probe/model \
+        --report_dir outputs/tiny/report --repo_id user/twotower-tiny --output_dir outputs/hub/twotower-tiny \
         --private --revision v0.1
 """
 
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -31,33 +30,21 @@ import yaml
 from modeling_twotower import TwoTowerForCausalLM
 
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
-from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
-from .model_card import REPORT_DIR_IN_REPO, render_model_card
-from .model_folder import find_pretrain_config, model_config_file, read_json, read_yaml, short_path
+from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
+from .model_card import DEFAULT_LICENSE, PRETRAIN_CONFIG_NAME, REPORT_DIR_IN_REPO, read_report, render_model_card
+from .model_folder import find_pretrain_config, local_paths, model_config_file, portable, read_json, read_yaml
+from .model_folder import short_path
 from twotower.training.tokenizer import LOADING_FLAGS
 
-PRETRAIN_CONFIG_NAME = "training_config_pretrain.yaml"  # the joint phase's config, staged beside the final one
-REPORT_SUFFIXES = (".json", ".png", ".md", ".csv", ".parquet")
-# An absolute path inside text (`/home/me/...`, `~/...`): not part of a relative path, a URL or a fraction.
-ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])~?/[^\s`'\"(),;<>|]+")
+REPORT_SUFFIXES = (".json", ".png", ".md", ".csv", ".parquet", ".html")
 # The code save_pretrained copies into a model folder: the modeling module and the modules it imports
 PACKAGE_CODE_DIR = Path(sys.modules[TwoTowerForCausalLM.__module__].__file__).parent
-
-
-def portable(value):
-    """`value` (dicts, lists, strings) with every absolute local path, also inside text, cut to its last two parts."""
-    if isinstance(value, dict):
-        return {key: portable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [portable(item) for item in value]
-    if isinstance(value, str):
-        if os.path.isabs(value) or value.startswith("~"):
-            return short_path(value)
-        return ABSOLUTE_PATH.sub(lambda match: short_path(match.group()), value)
-    return value
+# Switches of a staged training config that bind it to its own run, cleared so that `--recipe` on the staged copy
+# starts a new run: resuming from the author's checkpoints, and uploading to the author's repository.
+RERUN_CLEARED = {"resume_from_checkpoint": None, "push_to_hub": False}
 
 
 def _listing(names: list[str]) -> str:
@@ -109,8 +96,7 @@ def stage_model_repo(
     card = render_model_card(model_dir, repo_id, report_dir, **card_options)
 
     max_length = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["max_position_embeddings"]
-    tmp = fresh_staging_folder(output_dir)
-    try:
+    with staged_folder(output_dir) as tmp:
         for path in sorted(model_dir.iterdir()):
             if path.is_file() and path.name != "README.md" and not path.name.startswith("."):
                 stage_file(path, tmp / path.name, max_length)
@@ -119,28 +105,28 @@ def stage_model_repo(
             stage_file(pretrain_config, tmp / PRETRAIN_CONFIG_NAME, max_length)
         if report_dir is not None:
             (tmp / REPORT_DIR_IN_REPO).mkdir()
+            report_paths = local_paths(read_report(report_dir))
             for path in sorted(Path(report_dir).iterdir()):
                 if path.is_file() and path.suffix in REPORT_SUFFIXES:
-                    stage_file(path, tmp / REPORT_DIR_IN_REPO / path.name, max_length, report=True)
+                    stage_file(path, tmp / REPORT_DIR_IN_REPO / path.name, max_length, report_paths)
         card.save(tmp / "README.md")
-    except BaseException as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(error):
-            raise disk_full_error(output_dir, tmp) from error
-        raise
-    replace_folder(tmp, output_dir)
     return output_dir
 
 
-def stage_file(source: Path, target: Path, max_length: int, report: bool = False) -> None:
+def stage_file(source: Path, target: Path, max_length: int, report_paths: set[str] | None = None) -> None:
     """
-    Copy one file into a staged repository, as it may leave the machine: training configs and a report's JSON and
-    markdown with their local paths cut short (see `portable`), tokenizer_config.json without loading flags and
-    with the model's positions as its model_max_length. Everything else (weights, code, vocabularies, tables) byte
-    for byte: their strings are tokens, not paths.
+    Copy one file into a staged repository, as it may leave the machine: training configs with their local paths
+    cut short (see `portable`) and their RERUN_CLEARED switches cleared; a report's JSON and markdown with their local
+    paths cut short, and its token view with the report's own (`report_paths`, local_paths of preference.json: HTML
+    holds other slashes); tokenizer_config.json without loading flags and with the model's positions as its
+    model_max_length. Everything else (weights, code, vocabularies, tables) byte for byte: their strings are tokens,
+    not paths.
     """
+    report = report_paths is not None
     if source.suffix == ".yaml":
-        target.write_text(yaml.safe_dump(portable(read_yaml(source)), sort_keys=False), encoding="utf-8")
+        config = portable(read_yaml(source))
+        config |= {key: value for key, value in RERUN_CLEARED.items() if key in config}
+        target.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     elif source.name == "tokenizer_config.json":
         config = {key: value for key, value in read_json(source).items() if key not in LOADING_FLAGS}
         target.write_text(json.dumps({**config, "model_max_length": max_length}, indent=2) + "\n", encoding="utf-8")
@@ -148,6 +134,11 @@ def stage_file(source: Path, target: Path, max_length: int, report: bool = False
         target.write_text(json.dumps(portable(read_json(source)), indent=2) + "\n", encoding="utf-8")
     elif report and source.suffix == ".md":
         target.write_text(portable(source.read_text(encoding="utf-8")), encoding="utf-8")
+    elif report and source.suffix == ".html":
+        page = source.read_text(encoding="utf-8")
+        for path in sorted(report_paths, key=len, reverse=True):  # a longer path first: a shorter may begin it
+            page = page.replace(path, short_path(path))
+        target.write_text(page, encoding="utf-8")
     else:
         shutil.copyfile(source, target)
 
@@ -183,27 +174,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repo_id", required=True, help="user/name of the Hub model repository")
     parser.add_argument("--output_dir", required=True, help="where the repository folder is staged")
     parser.add_argument("--report_dir", help="output folder of `python -m twotower.evaluation.scoring.score`")
-    parser.add_argument("--license", default="apache-2.0", help="a Hub license id")
+    parser.add_argument("--license", help=f"a Hub license id (default: {DEFAULT_LICENSE}; the card says which)")
     parser.add_argument("--language", default="en")
     parser.add_argument("--dataset_id", help="Hub id of the training dataset; default: the training config's")
     parser.add_argument("--hardware", help='what it was trained on, for the card, e.g. "8x A100 80GB"')
     parser.add_argument("--template", help="model card template (jinja2); default: the package's model_card.md")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--revision", default="main", help="branch to upload to (created if missing)")
-    parser.add_argument("--commit_message", default="Upload two-tower model")
-    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="stage and list only")
+    add_upload_options(parser, "repository", "Upload two-tower model")
     args = parser.parse_args(argv)
     result = publish_model(
-        args.model_dir, args.repo_id, args.output_dir, args.report_dir,
-        private=args.private, revision=args.revision, commit_message=args.commit_message, dry_run=args.dry_run,
+        args.model_dir, args.repo_id, args.output_dir, args.report_dir, **upload_options(args),
         license=args.license, language=args.language, dataset_id=args.dataset_id, hardware=args.hardware,
         template_path=args.template,
     )  # fmt: skip
-    print(f"Staged {result['folder']}:\n{result['files']}")
-    if args.dry_run:
-        print(f"Dry run: nothing uploaded (would upload to {args.repo_id}@{args.revision}).")
-    else:
-        print(f"Uploaded to {result['commit_url']}")
+    print_outcome(result, args, args.repo_id)
     return result
 
 

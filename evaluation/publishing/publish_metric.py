@@ -22,9 +22,9 @@ from pathlib import Path
 
 import modeling_twotower
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, upload_parts
-from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
+from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
 
 
 METRIC_NAME = "tower_preference"
@@ -52,17 +52,10 @@ def stage_metric_space(output_dir: str | os.PathLike) -> Path:
         raise TwoTowerUserError(
             f"--output_dir {str(output_dir)!r} would replace the metric's own folder; stage elsewhere."
         )
-    tmp = fresh_staging_folder(final)
-    try:
+    with staged_folder(final) as tmp:
         for name in SPACE_FILES:
             shutil.copyfile(METRIC_DIR / name, tmp / name)
         shutil.copytree(MODEL_CODE_DIR, tmp / MODEL_CODE_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
-    except BaseException as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(error):
-            raise disk_full_error(final, tmp) from error
-        raise
-    replace_folder(tmp, final)
     return final
 
 
@@ -115,20 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", help=f"with --dry-run: the Space is staged into OUTPUT_DIR/{METRIC_NAME}")
     parser.add_argument("--repo_id", required=True, help=f"user/{METRIC_NAME}, the Space to create or update")
-    parser.add_argument("--private", action="store_true", help="create the Space as private")
-    parser.add_argument("--revision", default="main", help="branch to upload to (created if missing)")
-    parser.add_argument("--commit_message", default="Upload the tower preference metric")
-    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", help="stage and list only")
+    add_upload_options(parser, "Space", "Upload the tower preference metric")
     args = parser.parse_args(argv)
-    result = publish_metric(
-        args.output_dir, args.repo_id,
-        private=args.private, revision=args.revision, commit_message=args.commit_message, dry_run=args.dry_run,
-    )  # fmt: skip
-    if args.dry_run:
-        print(f"Staged {result['folder']}:\n{result['files']}")
-        print(f"Dry run: nothing uploaded (would upload to the Space {args.repo_id}@{args.revision}).")
-    else:
-        print(f"Uploaded:\n{result['files']}\nto {result['commit_url']}")
+    result = publish_metric(args.output_dir, args.repo_id, **upload_options(args))
+    print_outcome(result, args, f"the Space {args.repo_id}")
     return result
 
 

@@ -29,7 +29,7 @@ from modeling_twotower import PRESETS, TwoTowerCheckpointError, TwoTowerConfig, 
 from modeling_twotower.configuration_twotower import INITIALIZATIONS, LAYOUTS
 from modeling_twotower.tower_stack import TowerStack
 from modeling_twotower.towers import TOWER_KINDS, tower_stack_class
-from twotower.evaluation.publishing.model_card import render_model_card
+from twotower.evaluation.publishing.model_card import card_tower_name, render_model_card
 from twotower.evaluation.scoring.engine import score_blocks, scoring_passes
 from twotower.training.arguments import TwoTowerTrainingConfig, save_config
 from twotower.training.objectives import needs_masking
@@ -365,7 +365,7 @@ def test_the_model_card_names_the_kind_in_its_own_words_only(tower_type, layout,
     save_config(run, tmp_path)
     text = render_model_card(tmp_path, "lab/tiny").text
     stack, config, bidirectional = tower_stack_class(model.config), model.config, BIDIRECTIONAL[objective]
-    assert f"2 {stack.card_names[bidirectional]} towers of identical" in text
+    assert f"2 {card_tower_name(stack.card_names[bidirectional], layout)} towers of identical" in text
     assert f"; each tower is {stack.card_architecture(config, bidirectional)}.\n" in text
     for label, field in stack.card_size_rows:
         assert f"| {label} | {getattr(config, field)} |" in text

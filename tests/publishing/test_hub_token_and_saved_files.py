@@ -16,7 +16,7 @@ from twotower.training import hub
 from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.evaluation.publishing.publish import portable
+from twotower.evaluation.publishing.model_folder import local_paths, portable, short_path
 from twotower.training.tokenizer import LOADING_FLAGS, load_tokenizer
 from twotower.training.train import training_function
 
@@ -51,25 +51,31 @@ def test_a_loaded_tokenizer_saves_without_loading_flags(gpt2_tokenizer_dir, tmp_
     assert len(reloaded) == len(tokenizer) == 50257
 
 
+# (value, what portable makes of it): absolute paths cut to their last two parts, also inside text; the rest kept
+PORTABLE_CASES = {
+    "train_file": ("/home/me/data/wikitext-2/train.txt", "wikitext-2/train.txt"),
+    "output_dir": ("~/runs/tiny", "runs/tiny"),
+    "relative": ("../shared/data/valid.txt", "../shared/data/valid.txt"),
+    "records": ([{"pretrained_model": "/scratch/me/outputs/tiny/model"}], [{"pretrained_model": "tiny/model"}]),
+    "description": ("the blocks held out of local text /home/me/data/train.txt, 40 blocks",
+                    "the blocks held out of local text data/train.txt, 40 blocks"),
+    "markdown": ("Model: `/home/me/outputs/tiny-probe/model` (2 towers), 3/7 of https://huggingface.co/a/b",
+                 "Model: `tiny-probe/model` (2 towers), 3/7 of https://huggingface.co/a/b"),
+    "rate": ("1.5 tokens/s", "1.5 tokens/s"), "steps": (5, 5), "none": (None, None),
+}  # fmt: skip
+
+
 def test_portable_cuts_absolute_paths_and_leaves_the_rest():
-    value = {
-        "train_file": "/home/me/data/wikitext-2/train.txt",
-        "output_dir": "~/runs/tiny",
-        "relative": "../shared/data/valid.txt",
-        "records": [{"pretrained_model": "/scratch/me/outputs/tiny/model"}],
-        "description": "the blocks held out of local text /home/me/data/train.txt, 40 blocks",
-        "markdown": "Model: `/home/me/outputs/tiny-probe/model` (2 towers), 3/7 of https://huggingface.co/a/b",
-        "rate": "1.5 tokens/s", "steps": 5, "none": None,
-    }  # fmt: skip
-    assert portable(value) == {
-        "train_file": "wikitext-2/train.txt",
-        "output_dir": "runs/tiny",
-        "relative": "../shared/data/valid.txt",
-        "records": [{"pretrained_model": "tiny/model"}],
-        "description": "the blocks held out of local text data/train.txt, 40 blocks",
-        "markdown": "Model: `tiny-probe/model` (2 towers), 3/7 of https://huggingface.co/a/b",
-        "rate": "1.5 tokens/s", "steps": 5, "none": None,
-    }  # fmt: skip
+    value = {key: given for key, (given, _) in PORTABLE_CASES.items()}
+    assert portable(value) == {key: expected for key, (_, expected) in PORTABLE_CASES.items()}
+    # local_paths finds exactly the paths portable cuts: each one, cut, is where the text changed
+    paths = local_paths(value)
+    assert paths == {"/home/me/data/wikitext-2/train.txt", "~/runs/tiny", "/scratch/me/outputs/tiny/model",
+                     "/home/me/data/train.txt", "/home/me/outputs/tiny-probe/model"}  # fmt: skip
+    text = json.dumps(value)
+    for path in sorted(paths, key=len, reverse=True):
+        text = text.replace(path, short_path(path))
+    assert json.loads(text) == portable(value)
 
 
 @pytest.fixture

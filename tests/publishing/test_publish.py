@@ -9,16 +9,21 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import zipfile
+from html import unescape
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
+from urllib.parse import unquote, urlsplit
 
 import evaluate
+import markdown
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -35,12 +40,12 @@ from twotower.evaluation.publishing.publish_metric import main as publish_metric
 from twotower.evaluation.scoring.report_files import PLOTS, REPLICA_PLOTS
 from twotower.evaluation.scoring.score import score_model
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
-from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.evaluation.publishing.model_card import PLOT_CAPTIONS
-from twotower.evaluation.publishing.model_folder import short_path
+from twotower.training.arguments import TwoTowerTrainingConfig, load_config
+from twotower.evaluation.publishing.model_card import PLOT_CAPTIONS, TOP_TOKENS_IN_CARD, render_model_card
+from twotower.evaluation.publishing.model_folder import portable, short_path
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.evaluation.publishing.publish import main as publish_main
-from twotower.evaluation.publishing.publish import portable, stage_model_repo
+from twotower.evaluation.publishing.publish import stage_model_repo
 from twotower.training.train import training_function
 from transformers import AutoTokenizer
 
@@ -107,7 +112,7 @@ def test_staged_repo_holds_the_model_code_tokenizer_configs_and_report(trained_r
         "README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "generation_config.json", "training_config.yaml", "training_config_pretrain.yaml", "evaluation/preference.json",
         "evaluation/preference_per_token.csv", "evaluation/report.md", "evaluation/logprob_scatter.png", "evaluation/preference_histogram.png",
-        "evaluation/preference_vs_frequency.png",
+        "evaluation/preference_vs_frequency.png", "evaluation/tokens.html",
     }  # fmt: skip
     code_files = {path.name for path in model_dir.glob("*.py")}  # the modeling files and the ones they import
     assert {"configuration_twotower.py", "modeling_twotower.py"} <= code_files
@@ -202,8 +207,11 @@ def test_card_metadata_validates_offline_and_holds_the_real_numbers(trained_run,
     assert ModelCardData(**metadata).to_dict() == metadata
     assert metadata["license"] == "apache-2.0" and metadata["library_name"] == "transformers"
     assert metadata["pipeline_tag"] == "text-generation" and "custom_code" in metadata["tags"]
-    assert metadata["datasets"] == ["wikitext-2"]
-    model_name, results = model_index_to_eval_results(metadata["model-index"])
+    # local text is no Hub dataset: no dataset id, and no model-index (which needs one), unless --dataset_id names it
+    assert "datasets" not in metadata and "model-index" not in metadata
+    named = render_model_card(model_dir, REPO_ID, report_dir, dataset_id="wikitext").data.to_dict()
+    assert named["datasets"] == ["wikitext"] and ModelCardData(**named).to_dict() == named
+    model_name, results = model_index_to_eval_results(named["model-index"])
     assert model_name == "twotower-test"
     measured = [report["perplexity"]["joint"], *report["perplexity"]["probes"]]
     assert [result.metric_name for result in results] == [
@@ -413,7 +421,8 @@ def test_publish_uploads_with_create_repo_and_upload_folder_and_never_prints_the
     )  # fmt: skip
     assert 'revision="v0.1"' in (output_dir / "README.md").read_text()
     captured = capsys.readouterr()
-    assert f"Uploaded to https://huggingface.co/{REPO_ID}/commit/0123abcd" in captured.out
+    assert captured.out.startswith(f"Staged {output_dir.resolve()}:\n")
+    assert captured.out.endswith(f" files\nUploaded to https://huggingface.co/{REPO_ID}/commit/0123abcd\n")
     assert FAKE_TOKEN not in captured.out + captured.err
 
 
@@ -566,6 +575,191 @@ def test_every_factual_line_of_a_card_comes_from_the_run_or_the_faithfulness_tab
     )
     assert [number for number, _ in unexplained_numbers(planted, known)] == [wrong_perplexity, "25", "5000"]
 
+
+def test_every_relative_link_of_the_staged_repository_resolves(staged_repo):
+    """Every link and image of every Markdown file in the repository, rendered as the Hub renders it, that is not
+    a URL names a file the repository ships."""
+    links = {}
+    for page in sorted(staged_repo.rglob("*.md")):
+        html = markdown.markdown(page.read_text(encoding="utf-8"), extensions=["tables", "fenced_code"])
+        for target in map(unescape, re.findall(r'(?:href|src)="([^"]*)"', html)):
+            if not (urlsplit(target).scheme or target.startswith("#")):
+                path = (page.parent / unquote(urlsplit(target).path)).resolve()
+                links[f"{page.relative_to(staged_repo).as_posix()} -> {target}"] = path
+    assert {"README.md -> evaluation/report.md", "evaluation/report.md -> tokens.html"} <= set(links)
+    missing = [link for link, path in links.items() if not (path.is_relative_to(staged_repo) and path.is_file())]
+    assert missing == []
+
+
+@pytest.mark.slow
+def test_the_cards_rerun_commands_work_in_a_copy_of_the_downloaded_repository(trained_run, staged_repo, tmp_path):
+    """The commands the card prints, run as written inside a copy of the staged folder (where its modeling_twotower.py
+    lies beside them), the training text put where the staged configs name it and the steps cut to 2: they retrain
+    both phases with the recipe the run recorded."""
+    model_dir, _ = trained_run
+    folder = tmp_path / "twotower-test"
+    shutil.copytree(staged_repo, folder)
+    recorded = yaml.safe_load((model_dir / "training_config.yaml").read_text())
+    recipes = {"pretrain": "training_config_pretrain.yaml", "probe": "training_config.yaml"}
+    staged = {phase: yaml.safe_load((folder / name).read_text()) for phase, name in recipes.items()}
+    for key in ("train_file", "validation_file"):
+        (folder / staged["probe"][key]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(recorded[key], folder / staged["probe"][key])
+    card = ModelCard.load(folder / "README.md").text
+    commands = re.search(r"these commands rerun both phases.*?```bash\n(.*?)```", card, re.S)[1].splitlines()
+    assert len(commands) == 2 and all(command.startswith("python -I -m ") for command in commands)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for command in commands:
+        command = f"{command.replace('python', shlex.quote(sys.executable), 1)} --max_train_steps 2"
+        result = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True, text=True,
+                                timeout=HANG_LIMIT_S)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    for phase, config in staged.items():
+        rerun = yaml.safe_load((folder / "rerun" / phase / "model" / "training_config.yaml").read_text())
+        changed = sorted(key for key in config if rerun[key] != config[key])
+        probe_only = ["pretrained_model"] if phase == "probe" else []
+        assert changed == ["max_train_steps", "output_dir", *probe_only, "recipe"]
+        assert rerun["max_train_steps"] == 2 and rerun["output_dir"] == f"rerun/{phase}"
+        assert rerun["recipe"] == recipes[phase] and rerun.get("pretrained_model") in (None, "rerun/pretrain/model")
+    assert json.loads((folder / "rerun/probe/model/config.json").read_text())["probe_training_steps"] == 2
+
+
+# Planted reports of the tiny run: the main job's numbers (outputs/tiny: probes below the joint model, an ablation
+# agreement that cannot be told from 0, replica-level tests) and their opposites. `beyond`: which of each tower's top
+# tokens the per-type test passes; `verdict`: the words the agreement must be given.
+CARD_CASES = {
+    "main job": dict(joint=252.39, probes=[248.81, 250.57], agreement=(-0.04, [-0.16, 0.07]), replicas=True,
+                     beyond="none", verdict="They do not agree", license=None, precision=None),
+    "probes worse, agreeing": dict(joint=252.39, probes=[260.12, 271.5], agreement=(0.81, [0.62, 0.9]),
+                                   replicas=False, beyond="all", verdict="They agree:", license="mit",
+                                   precision="bf16"),
+    "one probe better, opposite": dict(joint=252.39, probes=[248.81, 260.0], agreement=(-0.72, [-0.88, -0.41]),
+                                       replicas=True, beyond="alternate", verdict="They point opposite ways",
+                                       license="cc-by-4.0", precision="fp16"),
+    "no ablation": dict(joint=30.0, probes=[35.5, 29.25], agreement=None, replicas=False, beyond="alternate",
+                        verdict=None, license=None, precision=None),
+}  # fmt: skip
+
+
+def planted_run(model_dir: Path, report_dir: Path, folder: Path, case: dict) -> tuple[Path, Path, set[int]]:
+    """Copies of the model folder and its report with the case's figures planted: (model folder, report folder,
+    the token ids beyond noise)."""
+    shutil.copytree(model_dir, folder / "model")
+    config_path = folder / "model" / "training_config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config_path.write_text(yaml.safe_dump({**config, "mixed_precision": case["precision"]}, sort_keys=False))
+    shutil.copytree(report_dir, folder / "report")
+    report = json.loads((folder / "report" / "preference.json").read_text())
+    report["perplexity"] = {"joint": case["joint"], "probes": case["probes"]}
+    if case["agreement"] is None:
+        del report["ablation"]
+    else:
+        r, ci = case["agreement"]
+        report["ablation"] |= {"correlation_with_probe_preference": r, "correlation_with_probe_preference_ci": ci}
+    summary = report["summary"]
+    if case["replicas"]:
+        summary |= {"test": "replica", "reliability": 0.41, "reliability_ci": [0.22, 0.63],
+                    "probe_towers": [0, 0, 1, 1], "two_tower_difference_nats": 0.12, "same_tower_floor_nats": 0.05,
+                    "occurrence_num_significant": summary["num_significant"],
+                    "occurrence_significant_share": summary["significant_share"]}  # fmt: skip
+    (folder / "report" / "preference.json").write_text(json.dumps(report))
+    top = [token_id for token_ids in summary["top_token_ids"] for token_id in token_ids[:TOP_TOKENS_IN_CARD]]
+    beyond = {"none": set(), "all": set(top), "alternate": set(top[::2])}[case["beyond"]]
+    table = pd.read_csv(folder / "report" / "preference_per_token.csv")
+    table["significant"] = table["token_id"].isin(beyond)
+    table.to_csv(folder / "report" / "preference_per_token.csv", index=False)
+    return folder / "model", folder / "report", beyond
+
+
+@pytest.mark.parametrize("case", CARD_CASES)
+def test_every_run_dependent_sentence_of_the_card_follows_the_runs_numbers(trained_run, tmp_path, case):
+    model_dir, report_dir, beyond = planted_run(*trained_run, tmp_path, CARD_CASES[case])
+    license = CARD_CASES[case]["license"]
+    card = render_model_card(model_dir, REPO_ID, report_dir, **({"license": license} if license else {}))
+    report = json.loads((report_dir / "preference.json").read_text())
+    configs = [yaml.safe_load((model_dir / "training_config.yaml").read_text())]
+    configs.insert(0, yaml.safe_load((Path(configs[0]["pretrained_model"]) / "training_config.yaml").read_text()))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    check_card_sentences(card, report, configs, beyond, CARD_CASES[case]["verdict"], tokenizer)
+
+
+def check_card_sentences(card, report, configs, beyond, verdict, tokenizer) -> None:
+    """Each sentence of the card that depends on the run, against the run's numbers (report: preference.json;
+    configs: each phase's training config; beyond: the token ids the per-type test passes)."""
+    text = card.text
+    flat = " ".join(text.split())
+    joint, probes = report["perplexity"]["joint"], report["perplexity"]["probes"]
+
+    # the probes against the joint model: each tower's side as the numbers have it
+    sentence = re.search(r"Each probe reads a single tower; (.*?)\. \|", flat)[1]
+    sides = ["below" if probe < joint else "above" if probe > joint else "equal to" for probe in probes]
+    one_side = {"every probe's perplexity is above": "above", "yet every probe's perplexity is below": "below"}
+    side = next((side for start, side in one_side.items() if sentence.startswith(start)), None)
+    if side is not None:
+        assert set(sides) == {side}, sentence
+    else:
+        stated = {int(tower): side for towers, side in re.findall(r"of towers? ([\d, and]+?) is (below|equal to|above)",
+                                                                   sentence) for tower in re.findall(r"\d+", towers)}
+        assert stated == dict(enumerate(sides)), sentence
+    assert "expected to be worse" not in flat
+
+    # what the joint model relies on: the ablation agreement, its interval and words that fit them
+    ablation = report.get("ablation")
+    if ablation is None:
+        assert "This report has no ablation" in flat and "They agree" not in flat
+    else:
+        r, (low, high) = ablation["correlation_with_probe_preference"], ablation["correlation_with_probe_preference_ci"]
+        assert f"r = {r:.2f} (95% bootstrap interval over types {low:.2f} to {high:.2f}). {verdict}" in flat
+        assert ("They agree" in flat) <= (low > 0) and ("opposite ways" in flat) <= (r < 0)
+        assert ("They do not agree" in flat) <= (low <= 0 <= high)
+
+    # significance always names its correction: in each table row, each paragraph of prose
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for paragraph in prose.split("\n\n"):
+        parts = paragraph.splitlines() if paragraph.startswith("|") else [paragraph]
+        for part in parts:
+            if re.search(r"significant|beyond probe noise", part, re.I):
+                assert "Benjamini-Hochberg" in part, part
+
+    # top tokens: the ones the per-type test passes apart from the others, with their preferences
+    summary = report["summary"]
+    for tower, (token_ids, nats) in enumerate(zip(summary["top_token_ids"], summary["top_preference_nats"])):
+        paragraph = re.search(rf"^Tokens preferred most by tower {tower} \(nats\), (.*?)\n\n", text, re.M | re.S)[1]
+        line = " ".join(paragraph.split())
+        passing, _, failing = line.partition("(their preference may be noise): ")
+        shown = list(zip(token_ids, nats))[:TOP_TOKENS_IN_CARD]
+        for part, passes in ((passing, True), (failing, False)):
+            listed = re.findall(r'`("(?:[^"\\]|\\.)*")` \(([+-]\d+\.\d\d)\)', part)
+            expected = [(json.dumps(tokenizer.decode([token_id]), ensure_ascii=False), f"{value:+.2f}")
+                        for token_id, value in shown if (token_id in beyond) == passes]
+            assert listed == expected, (passes, line)
+        assert (": none." in passing) == (not beyond & set(token_ids[:TOP_TOKENS_IN_CARD]))
+
+    # names from the run: the layout, each phase's precision as recorded, the data, the license
+    layout = json.loads((Path(configs[-1]["pretrained_model"]) / "config.json").read_text())["layout"]
+    assert layout == "bert" and "GPT-style" not in text and "(the reference code's BERT layout)" in flat
+    precisions = re.findall(r"^\| Precision \| (.*) \|$", text, re.M)
+    assert precisions == [config["mixed_precision"] or "fp32 (the run set no `mixed_precision`)" for config in configs]
+    metadata = card.data.to_dict()
+    assert "Hub dataset" not in text and "datasets" not in metadata
+    chosen = card.data.license
+    assert f"## License `{chosen}`, " in flat
+    assert ("chosen by the publisher" in flat) != ("the publisher chose none" in flat)
+
+
+def test_the_rerun_switches_of_a_staged_training_config_are_cleared(trained_run, tmp_path):
+    """A config recorded by a resumed run that uploaded itself stages as a recipe that starts a new run: `--recipe`
+    on the staged copy neither resumes from the author's checkpoints nor uploads to the author's repository."""
+    model_dir, _ = trained_run
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    config = yaml.safe_load((folder / "training_config.yaml").read_text())
+    switches = {"resume_from_checkpoint": "latest", "push_to_hub": True, "hub_model_id": "someone/tiny"}
+    (folder / "training_config.yaml").write_text(yaml.safe_dump(config | switches, sort_keys=False))
+    staged = stage_model_repo(folder, tmp_path / "repo", REPO_ID)
+    rerun = load_config(str(staged / "training_config.yaml"), ["--output_dir", str(tmp_path / "rerun")])
+    assert rerun.resume_from_checkpoint is None and rerun.push_to_hub is False
+    assert rerun.hub_model_id == "someone/tiny" and rerun.seed == config["seed"]  # the rest as recorded
 
 # Facts a card states that no run record holds: the paper's citation, the intervals' level and Sarle's threshold.
 CARD_CONSTANTS = {2022.0: "the paper's year", 2210.07041: "its arXiv id", 95.0: "95% intervals", 0.556: "5/9"}

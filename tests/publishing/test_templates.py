@@ -118,7 +118,7 @@ def test_card_template_words_a_pretrain_phase():
         "Optimizer": "AdamW, learning rate 0.0003, betas (0.9, 0.95), eps 1e-08, weight decay 0.1 (not on norms "
         "and biases), gradient clipping 1",
         "Schedule": "cosine, 1,200 warm-up steps",
-        "Precision": "the launcher's setting (fp32 unless `accelerate` set one)",
+        "Precision": "fp32 (the run set no `mixed_precision`)",
         "Seed": "42",
     }
     assert "\n\nHardware: not recorded by the training run.\n" in text
