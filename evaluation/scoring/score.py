@@ -157,6 +157,10 @@ class ScoringArguments(DataArguments):
         True, "the mean-ablation preference beside the probes' (scoring/ablation.py): one more pass of the "
         "towers and one of the joint head per tower",
     )
+    resample_ablation: bool = option(
+        True, "the resample-ablation preference (tower_preference/resample_ablation.py): each tower's state replaced "
+        "by its state on another block of the batch; one more pass of the joint head per tower",
+    )
     document_pattern: str | None = option(
         WIKITEXT_ARTICLE_HEADING,
         "cross-fitting: a line matching it starts a new document, as does every file of the text; alternate "

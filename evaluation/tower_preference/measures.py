@@ -8,14 +8,17 @@ are probe-free (TowerIntervention) and are compared with it.
 try:  # a module of the package; the Space's app.py imports this file from its own folder
     from .mean_ablation import MeanAblationMeasure
     from .probe_replicas import ProbeReplicas
+    from .resample_ablation import ResampleAblationMeasure
 except ImportError:
     from mean_ablation import MeanAblationMeasure
     from probe_replicas import ProbeReplicas
+    from resample_ablation import ResampleAblationMeasure
 
 
 MEASURES = (
     ProbeReplicas(),
     MeanAblationMeasure(),
+    ResampleAblationMeasure(),
 )
 PROBE_MEASURE = MEASURES[0]
 PROBE_FREE_MEASURES = MEASURES[1:]  # each compared with the probes' measure, and with each other

@@ -136,7 +136,9 @@ def assert_summaries_close(summary, expected):
 def test_report_numbers_match_the_model_run_directly(scored):
     written = json.loads((scored["output_dir"] / report.PREFERENCE_JSON).read_text())
     # one probe: no cross-fit; parts of speech, with the tagger or the hint to install it
-    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "ablation", "parts_of_speech"}
+    # and every registered probe-free measure, under its name
+    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "parts_of_speech",
+                            *(measure.name for measure in MEASURES[1:])}
     assert written == json.loads(json.dumps(scored["returned"]))  # main returns what it wrote
 
     token_ids, gold_logprobs, joint_nll = scored["token_ids"], scored["gold_logprobs"], scored["joint_nll"]
