@@ -196,7 +196,8 @@ model_tab = gr.Interface(
         gr.Textbox(label="text: a short text to score", lines=6),
         gr.Number(label="min_count", value=2, precision=0),
     ],
-    outputs=[gr.HTML(label="token view"), gr.JSON(label="tower_preference")],
+    # open: every level shown (each probe-free measure's agreement with the others lies four levels deep)
+    outputs=[gr.HTML(label="token view"), gr.JSON(label="tower_preference", open=True)],
     description="Each token coloured by the tower its type prefers in this text; hover a token for its numbers.",
 )
 demo = gr.TabbedInterface(
