@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from ..tower_preference.measure_agreement import pooled_pearson
 from ..tower_preference.preference_stats import tower_contrast
 
 NUM_HALVES = 2
@@ -46,13 +47,6 @@ def replica_groups(replicas_per_tower: int) -> list[list[int]]:
     """The two replica groups: the first half of a tower's replicas, and the rest."""
     split = replicas_per_tower // 2
     return [list(range(split)), list(range(split, replicas_per_tower))]
-
-
-def pooled_pearson(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Pearson's r over every entry of two arrays of one shape (types x towers), or None where one is constant."""
-    x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
-    norm = np.sqrt((x @ x) * (y @ y))
-    return None if norm == 0 else float(x @ y / norm)
 
 
 class CrossFittedPreference:

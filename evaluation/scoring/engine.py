@@ -4,7 +4,7 @@ gold log-probabilities of any number of probe sets trained on that frozen model,
 accumulator.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from twotower.training.objectives import needs_masking, objective_of
 
-from .ablation import MeanAblation, tower_feature_means
+from ..tower_preference.measures import PROBE_FREE_MEASURES, probe_free_measure
 from ..tower_preference.preference_stats import PreferenceAccumulator
 from ..tower_preference.replica_preference import ReplicaPreferenceAccumulator
 
@@ -64,7 +64,14 @@ class ScoredPass:
     token_ids: np.ndarray  # [n] the scored tokens, row by row
     joint_nll: torch.Tensor  # [n] the joint model's NLL of each
     probe_gold: list  # one [probes, n] float32 array of gold log-probabilities per probe set, tower-major
-    ablation_increases: np.ndarray | None = None  # [towers, n]: the joint NLL's rise with each tower mean-ablated
+    features: torch.Tensor | None = None  # [towers, batch, seq, hidden]: `probe_features` of the pass's inputs
+    labels: torch.Tensor | None = None  # [batch, seq]: the pass's labels, -100 where not scored
+    increases: dict = field(default_factory=dict)  # probe-free measure name -> [towers, n] its increases, once fed
+
+    @property
+    def ablation_increases(self) -> np.ndarray | None:
+        """[towers, n]: the joint NLL's rise with each tower mean-ablated, where the mean ablation was measured."""
+        return self.increases.get("ablation")
 
 
 class PassConsumer(Protocol):
@@ -83,7 +90,12 @@ class BlockScores:
     probe_nll_sums: list  # one [probes] float64 array per probe set, tower-major as in `TwoTowerProbes`
     joint_nll_sum: float = 0.0
     num_targets: int = 0
-    ablation: MeanAblation | None = None  # the mean-ablation increases, when asked for
+    measures: dict = field(default_factory=dict)  # probe-free measure name -> its consumer (InterventionScores)
+
+    @property
+    def ablation(self):
+        """The mean ablation's consumer (tower_preference/mean_ablation.py: MeanAblation), when it was measured."""
+        return self.measures.get("ablation")
 
     @property
     def joint_mean_nll(self) -> float:
@@ -159,17 +171,16 @@ def _batch_passes(batch, device, model, mask_passes, mask_token_id):
         yield inputs, labels, attention_mask
 
 
-def _score_pass(model, probe_models, inputs, labels, attention_mask, ablation, probe_chunk_size) -> ScoredPass:
+def _score_pass(model, probe_models, inputs, labels, attention_mask, probe_chunk_size) -> ScoredPass:
     """One pass of the towers over a batch, and from it the joint model's NLL and every probe set's gold
-    log-probabilities at the scored positions (and, with `ablation`, the ablation increases there)."""
+    log-probabilities at the scored positions."""
     targets = model.prediction_targets(labels)  # [batch, seq - shift]
     scored = targets != -100  # a masking pass scores 1 in mask_passes positions: only those
     features = model.probe_features(inputs, attention_mask)  # [towers, batch, seq, hidden]
     nll = -model.joint_logprobs(inputs, attention_mask, labels, features=features)[scored]  # [n]
-    increases = None if ablation is None else ablation.update(model, *model.scored_features(features, labels))
     gold = [_gold_logprobs(probe_model, inputs, labels, features, scored, probe_chunk_size)
             for probe_model in probe_models]
-    return ScoredPass(scored, model.target_shift, targets[scored].cpu().numpy(), nll, gold, increases)
+    return ScoredPass(scored, model.target_shift, targets[scored].cpu().numpy(), nll, gold, features, labels)
 
 
 @torch.inference_mode()
@@ -180,6 +191,7 @@ def score_blocks(
     accumulators=None,
     consumers=(),
     ablation=False,
+    measures=(),
     probe_chunk_size=None,
     mask_passes=DEFAULT_MASK_PASSES,
     mask_token_id=None,
@@ -192,26 +204,30 @@ def score_blocks(
     default `[model]`), its gold log-probabilities into its NLL sums and its accumulator (`accumulators`, default
     `preference_accumulator` of each; anything with `update(token_ids [n], gold_logprobs [probes, n])`), then every
     scoring pass into each of `consumers` (PassConsumer: e.g. ScoredPassages, cross_fitting.CrossFittedPreference).
-    With `ablation`, a first pass of the towers takes each tower's mean feature, and the joint model's loss with each
-    tower mean-ablated feeds `BlockScores.ablation` (evaluation/scoring/ablation.py) and every pass's
-    `ablation_increases`.
+    `measures`: the names of registered probe-free measures (tower_preference/measures.py) to measure in the same
+    pass: each one's consumer is fed every pass before the others, leaves its increases on the pass
+    (`ScoredPass.increases`) and is kept in `BlockScores.measures`; `ablation` adds the mean ablation ("ablation",
+    whose consumer first takes each tower's mean feature in a pass of its own).
     """
     probe_models = [model] if probe_models is None else list(probe_models)
     if accumulators is None:
         accumulators = [preference_accumulator(probe_model.config, pair_replicas) for probe_model in probe_models]
     scores = BlockScores(accumulators, [np.zeros(probe_model.config.num_probes) for probe_model in probe_models])
     device = next(model.parameters()).device
-    if ablation:
-        passes = (each for batch in tqdm(dataloader, desc="Tower means", disable=disable_tqdm)
-                  for each in _batch_passes(batch, device, model, mask_passes, mask_token_id))
-        scores.ablation = MeanAblation(tower_feature_means(model, passes), model.config.vocab_size)
-    consumers = [scores, *consumers]
+
+    def passes():  # every scoring pass of the text, for a measure that takes a first pass of its own
+        return (each for batch in tqdm(dataloader, desc="Tower means", disable=disable_tqdm)
+                for each in _batch_passes(batch, device, model, mask_passes, mask_token_id))
+
+    requested = [probe_free_measure(name) for name in {*measures, *(["ablation"] if ablation else [])}]
+    scores.measures = {measure.name: measure.consumer(model, passes)
+                       for measure in PROBE_FREE_MEASURES if measure in requested}  # in the registry's order
+    consumers = [*scores.measures.values(), scores, *consumers]
     for batch in tqdm(dataloader, desc="Scoring", disable=disable_tqdm):
         for consumer in consumers:
             consumer.begin_batch(batch)
         for inputs, labels, attention_mask in _batch_passes(batch, device, model, mask_passes, mask_token_id):
-            scored_pass = _score_pass(model, probe_models, inputs, labels, attention_mask, scores.ablation,
-                                      probe_chunk_size)
+            scored_pass = _score_pass(model, probe_models, inputs, labels, attention_mask, probe_chunk_size)
             for consumer in consumers:
                 consumer.update_pass(scored_pass)
     return scores

@@ -42,6 +42,7 @@ from twotower.training.utils.markdown_escape import code_span, markdown_text, ma
 
 from .formatting import markdown_table, number  # noqa: E402
 from .report_agreement import agreement_of, top_tokens_split  # noqa: E402
+from ..tower_preference.measures import PROBE_FREE_MEASURES  # noqa: E402
 from ..tower_preference.text_cells import readable_token  # noqa: E402
 from .report_files import (  # noqa: E402
     PER_TOKEN_CSV, PLOTS, PREFERENCE_JSON, REPLICA_PLOTS, REPORT_MD, TOKEN_VIEW_HTML, TYPE_SUMS_PARQUET
@@ -65,9 +66,10 @@ NEGATIVE_RELIABILITY_NOTE = "negative: probes agree less than chance, so there i
 BEYOND_NOISE = {False: "", True: " (replica-level)"}  # column labels of the tests, without and with probe replicas
 
 
-def per_token_table(result, tokens, ablation=None):
+def per_token_table(result, tokens, measured=None):
     """A DataFrame with one row per observed token type; `tokens` are their strings, in result.token_ids order;
-    `ablation`, the mean-ablation PreferenceResult of the same positions (scoring/ablation.py), adds its columns."""
+    `measured`, {name: PreferenceResult} of probe-free measures of the same positions (tower_preference/measures.py),
+    adds each one's columns, named after it."""
     columns = {"token_id": result.token_ids, "token": tokens, "count": result.count}
     for name in ("mean_logprob", "preference_nats", "standard_error"):
         for tower_idx, values in enumerate(getattr(result, name)):
@@ -87,12 +89,12 @@ def per_token_table(result, tokens, ablation=None):
         )
         for probe_idx, values in enumerate(result.probe_mean_logprob):
             columns[f"probe_mean_logprob_probe{probe_idx}"] = values
-    if ablation is not None:
-        if not np.array_equal(ablation.token_ids, result.token_ids):
-            raise ValueError("the ablation result covers other token types than the probes' result")
-        for tower_idx, values in enumerate(ablation.preference_nats):
-            columns[f"ablation_preference_nats_tower{tower_idx}"] = values
-        columns.update(ablation_p_value=ablation.p_value, ablation_significant=ablation.significant)
+    for name, measure_result in (measured or {}).items():
+        if not np.array_equal(measure_result.token_ids, result.token_ids):
+            raise ValueError(f"the {name} result covers other token types than the probes' result")
+        for tower_idx, values in enumerate(measure_result.preference_nats):
+            columns[f"{name}_preference_nats_tower{tower_idx}"] = values
+        columns.update({f"{name}_p_value": measure_result.p_value, f"{name}_significant": measure_result.significant})
     return pd.DataFrame(columns)
 
 
@@ -311,15 +313,29 @@ def render_markdown(report, table, has_token_view=False):
         preference_table=preference_table(summary, is_replica),
         top_tokens_tables=top_tokens_split(summary, table, is_replica, _markdown_token),
         token_view=TOKEN_VIEW_HTML if has_token_view else None,
+        measure_sections=measure_sections(report, environment),
         **agreement_of(report),
     )
 
 
-def write_report(output_dir, report, result, tokens, token_view=None, ablation=None, type_sums=None):
+def measure_sections(report, environment) -> list[dict]:
+    """{"heading", "body"} of report.md's section of every probe-free measure the report holds, in the registry's
+    order: each measure's own template (its `report_section`) filled with its summary."""
+    labels = {measure.name: measure.label for measure in PROBE_FREE_MEASURES}
+    return [
+        {"heading": measure.report_heading, "body": environment.from_string(measure.report_section).render(
+            measure=measure, summary=report[measure.name], num_towers=report["summary"]["num_towers"],
+            alpha=report["summary"]["alpha"], labels=labels)}
+        for measure in PROBE_FREE_MEASURES if report.get(measure.name) is not None
+    ]
+
+
+def write_report(output_dir, report, result, tokens, token_view=None, measured=None, type_sums=None):
     """
     Write the report folder for `result` (a PreferenceResult); `report` holds model, data, settings, perplexity,
-    `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any, and `type_sums` the
-    per-half, per-type sums of cross-fitting (cross_fitting.CrossFittedPreference.type_sums), if any.
+    `token_view` the HTML of tokens.html (tower_preference.token_view.render_token_view), if any, `measured` the
+    probe-free measures' PreferenceResults by name, if any, and `type_sums` the per-half, per-type sums of
+    cross-fitting (cross_fitting.CrossFittedPreference.type_sums), if any.
 
     Every file is written into a staging folder first, and the whole report replaces the earlier one in one step
     once all are written (versioned_report.py): a failure (a full disk) leaves neither a partial report nor the
@@ -329,7 +345,7 @@ def write_report(output_dir, report, result, tokens, token_view=None, ablation=N
     output_dir.mkdir(parents=True, exist_ok=True)
     staging = staging_folder(output_dir)  # unique to this process
     try:
-        table = with_parts_of_speech(per_token_table(result, tokens, ablation), report.get("parts_of_speech"))
+        table = with_parts_of_speech(per_token_table(result, tokens, measured), report.get("parts_of_speech"))
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
         if type_sums is not None:
             write_atomically(staging / TYPE_SUMS_PARQUET, lambda tmp: type_sums.to_parquet(tmp, index=False))

@@ -59,6 +59,7 @@ from .report import NEGATIVE_RELIABILITY_NOTE, per_token_table, write_report
 from .engine import DEFAULT_MASK_PASSES, ScoredPassages, score_blocks
 from .report_lock import report_folder_locked
 from .token_categories import WordStarts, categorize, detect_scheme
+from ..tower_preference.measures import PROBE_FREE_MEASURES
 from ..tower_preference.text_cells import is_byte_level, with_cells
 from ..tower_preference.token_view import render_token_view
 
@@ -81,7 +82,7 @@ DATA_FIELDS = (
 )
 SETTINGS_FIELDS = (
     "batch_size", "probe_chunk_size", "dtype", "torch_compile", "alpha", "min_count", "top_k", "center",
-    "pair_replicas", "ablation", "document_pattern", "parts_of_speech",
+    "pair_replicas", *(measure.option for measure in PROBE_FREE_MEASURES), "document_pattern", "parts_of_speech",
 )
 # keyword-only: the required I/O fields follow DataArguments' fields, which have defaults
 @dataclass(kw_only=True)
@@ -155,6 +156,10 @@ class ScoringArguments(DataArguments):
     ablation: bool = option(
         True, "the mean-ablation preference beside the probes' (scoring/ablation.py): one more pass of the "
         "towers and one of the joint head per tower",
+    )
+    resample_ablation: bool = option(
+        True, "the resample-ablation preference (tower_preference/resample_ablation.py): each tower's state replaced "
+        "by its state on another block of the batch; one more pass of the joint head per tower",
     )
     document_pattern: str | None = option(
         WIKITEXT_ARTICLE_HEADING,
@@ -431,7 +436,7 @@ def score_model(model_dir, output_dir, **options):
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
         consumers=consumers,
-        ablation=args.ablation,
+        measures=[measure.name for measure in PROBE_FREE_MEASURES if getattr(args, measure.option)],
     )
     (accumulator,) = scores.accumulators
     result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
@@ -451,16 +456,19 @@ def score_model(model_dir, output_dir, **options):
         "perplexity": {"joint": perplexity(scores.joint_mean_nll)}
         | probe_perplexities(scores.probe_mean_nll(), model.config.num_towers),
     }
-    ablation = ablation_and_cross_fit(args, report, result, scores, cross_fit)
+    measured = probe_free_results(args, report, result, scores)
+    if cross_fit is not None:
+        replica_data = (read_training_config(args.model_dir) or {}).get("probe_replica_data", "shared")
+        report["cross_fit"] = cross_fit.compute(args.min_count) | {"probe_replica_data": replica_data}
     if args.parts_of_speech:
         report["parts_of_speech"] = parts_of_speech_section(lambda: scored_text_lines(args), tokenizer, result)
     tokens = tokenizer.convert_ids_to_tokens(result.token_ids.tolist())
     token_view = None
     if args.token_view_blocks:
         source = f"The first {len(passages.input_ids)} of {len(blocks)} blocks of {report['data']['description']}."
-        token_view = token_view_page(result, tokens, passages, tokenizer, source, ablation, word_starts)
+        token_view = token_view_page(result, tokens, passages, tokenizer, source, measured, word_starts)
     type_sums = None if cross_fit is None else cross_fit.type_sums()
-    write_report(args.output_dir, report, result, tokens, token_view, ablation, type_sums)
+    write_report(args.output_dir, report, result, tokens, token_view, measured, type_sums)
     return {**report, "summary": result.summary}
 
 
@@ -470,29 +478,28 @@ def compile_for_scoring(model) -> None:
         part.compile()
 
 
-def ablation_and_cross_fit(args, report, result, scores, cross_fit):
-    """Into `report`: the ablation preference's summary and the cross-fitted correlations, where they were computed;
-    returns the ablation's PreferenceResult (None without it) for the per-token table and the token view."""
-    ablation = None
-    if scores.ablation is not None:
-        ablation = scores.ablation.accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
-        report["ablation"] = ablation_summary(ablation, result, scores.ablation.mean_increase_nats())
-    if cross_fit is not None:
-        replica_data = (read_training_config(args.model_dir) or {}).get("probe_replica_data", "shared")
-        report["cross_fit"] = cross_fit.compute(args.min_count) | {"probe_replica_data": replica_data}
-    return ablation
+def probe_free_results(args, report, result, scores) -> dict:
+    """Into `report`, under each measure's name: the summary of every probe-free measure that was measured (its
+    agreement with the probes' preference `result` and with the others'); returns {name: PreferenceResult} for the
+    per-token table and the token view."""
+    measured = {name: consumer.accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k)
+                for name, consumer in scores.measures.items()}
+    for name, consumer in scores.measures.items():
+        others = {other: measured[other] for other in measured if other != name}
+        report[name] = ablation_summary(measured[name], result, consumer.mean_increase_nats(), others)
+    return measured
 
 
-def token_view_page(result, tokens, passages, tokenizer, source, ablation=None, word_starts=None):
+def token_view_page(result, tokens, passages, tokenizer, source, measured=None, word_starts=None):
     """tokens.html: the recorded passages (ScoredPassages, padding dropped), filtered by the package's categories,
-    with the mean-ablation preference (a PreferenceResult) on the hover card when given."""
+    with each probe-free measure's preference ({name: PreferenceResult}) on the hover card when given."""
     shown = []
     for input_ids, kept, gold_logprobs in zip(passages.input_ids, passages.attention_mask, passages.gold_logprobs):
         shown.append({"token_ids": input_ids[kept].tolist(), "gold_logprobs": gold_logprobs[:, kept]})
     categories = token_view_categories(result, tokens, tokenizer, word_starts)
-    ablation = None if ablation is None else ablation.to_dict()
+    measures = {name: measure_result.to_dict() for name, measure_result in (measured or {}).items()}
     return render_token_view(result.to_dict(), tokens, with_cells(tokenizer, shown), categories, source=source,
-                             ablation=ablation, byte_level=is_byte_level(tokenizer))
+                             measures=measures, byte_level=is_byte_level(tokenizer))
 
 
 def token_view_categories(result, tokens, tokenizer, word_starts=None) -> dict:

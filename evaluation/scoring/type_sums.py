@@ -201,5 +201,5 @@ def per_token_table_from_sums(sums: TypeSums, report: dict, tokens_of) -> pd.Dat
     if ablation is not None and ablation.p_value is None:
         ablation.p_value = ablation.significant = placeholder
         left_out += ABLATION_TEST_COLUMNS
-    table = per_token_table(result, tokens_of(result.token_ids.tolist()), ablation)
+    table = per_token_table(result, tokens_of(result.token_ids.tolist()), {} if ablation is None else {"ablation": ablation})
     return table.drop(columns=left_out)

@@ -22,6 +22,7 @@ from twotower.training.arguments import load_config
 
 from ..scoring.formatting import number, with_interval
 from ..scoring.report import PREFERENCE_JSON, tower_columns
+from ..tower_preference.measures import PROBE_FREE_MEASURES
 from .kept_tables import load_kept_report
 from .verdicts import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, interval
 
@@ -42,15 +43,16 @@ def t_interval(values) -> dict:
             "n": int(values.size)}
 
 
-def ablation_agreement(score_folder, rng) -> dict | None:
-    """One run's correlation of the ablation preference with the probe preference over its eligible types, with a
-    bootstrap interval over the types; None for a report without the ablation columns."""
+def ablation_agreement(score_folder, rng, name="ablation") -> dict | None:
+    """One run's correlation of a probe-free measure's preference (the mean ablation's by default; `name`, a
+    registered measure's) with the probe preference over its eligible types, with a bootstrap interval over the
+    types; None for a report without the measure's columns."""
     table = load_kept_report(score_folder).table
-    if "ablation_preference_nats_tower0" not in table:
+    if f"{name}_preference_nats_tower0" not in table:
         return None
     eligible = table[table["eligible"]]
     probe = tower_columns(eligible, "preference_nats")[0]
-    ablation = tower_columns(eligible, "ablation_preference_nats")[0]
+    ablation = tower_columns(eligible, f"{name}_preference_nats")[0]
     draws = rng.integers(0, probe.size, (BOOTSTRAP_RESAMPLES, probe.size))
     resampled = [np.corrcoef(probe[draw], ablation[draw])[0, 1] for draw in draws]
     return {"r": float(np.corrcoef(probe, ablation)[0, 1]), "ci": interval(resampled), "num_types": int(probe.size)}
@@ -65,8 +67,10 @@ def run_figures(score_folder, rng) -> dict:
         "cross_fit_types": cross_fit.get("num_types"),
         "probe_replica_data": cross_fit.get("probe_replica_data"),
         "global_offset_nats": report["summary"]["global_offset_nats"][0],
-        "ablation": ablation_agreement(score_folder, rng),
-        "ablation_mean_increase_nats": (report.get("ablation") or {}).get("mean_increase_nats"),
+        # each probe-free measure's agreement with the probes (in the registry's order: the draws are the rng's next)
+        **{measure.name: ablation_agreement(score_folder, rng, measure.name) for measure in PROBE_FREE_MEASURES},
+        **{f"{measure.name}_mean_increase_nats": (report.get(measure.name) or {}).get("mean_increase_nats")
+           for measure in PROBE_FREE_MEASURES},
     }
 
 

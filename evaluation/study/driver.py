@@ -69,6 +69,7 @@ from .dataset import push_study_dataset
 from .document import STUDY_JSON, summary_lines, write_study_report
 from .parts_of_speech import kept_type_tag_table
 from .verdicts import unigram_cross_entropy
+from ..tower_preference.measures import PROBE_FREE_MEASURES, PROBE_MEASURE
 from ..tower_preference.summary import summary_keys
 
 
@@ -82,22 +83,7 @@ QUIET = {"report_to": "none", "disable_tqdm": True}
 TRAIN_RESULT = "train_result.json"
 PHASE_RESULT_FIELDS = ("eval_metrics", "completed_steps", "best_step", "stopped_early")
 # the summary keys of each text's preference.json that run.json keeps (their meaning: the scoring command's)
-SUMMARY_FIELDS = summary_keys(
-    "reliability",
-    "reliability_ci",
-    "reliability_single_probe",
-    "num_significant",
-    "significant_share",
-    "occurrence_num_significant",
-    "occurrence_significant_share",
-    "two_tower_difference_nats",
-    "same_tower_floor_nats",
-    "global_offset_nats",
-    "mean_abs_preference_nats",
-    "num_eligible_types",
-    "replicas_per_tower",
-    "paired",
-)
+SUMMARY_FIELDS = summary_keys(*PROBE_MEASURE.study_reads)
 
 
 def data_path(data_dir: Path, relative: str) -> str:
@@ -167,7 +153,8 @@ def text_figures(report: dict, seconds: float | None) -> dict:
         "num_blocks": report["data"]["num_blocks"],
         "num_predictions": report["data"]["num_predictions"],
         "cross_fit": report.get("cross_fit"),  # evaluation/scoring/cross_fitting.py, with probe replicas and documents
-        "ablation": report.get("ablation"),  # evaluation/scoring/ablation.py
+        # each probe-free measure's summary, under its name (tower_preference/measures.py)
+        **{measure.name: report.get(measure.name) for measure in PROBE_FREE_MEASURES},
         "seconds": seconds,
     }
 

@@ -22,6 +22,8 @@ from model_source import MAX_DOWNLOAD_VARIABLE, MODEL_DIR_VARIABLE, ModelSourceE
 from token_kinds import (
     after_whitespace_counts, detect_scheme, ends_in_whitespace, letter_case, token_kind, word_start_types,
 )
+from measures import PROBE_FREE_MEASURES
+from preference_measure import intervention_summary
 from text_cells import is_byte_level, with_cells
 from token_view import render_token_view
 
@@ -83,18 +85,27 @@ def text_passages(model, tokenizer, text):
     return with_cells(tokenizer, passages)  # the text by character spans
 
 
-@torch.inference_mode()
-def ablation_increases(model, passages) -> np.ndarray:
+def probe_free_measures(model, passages, token_ids, results, min_count):
     """
-    [towers, n]: at every scored position of the passages, the joint model's loss rise when a tower's features are
-    replaced by their mean over the text's scored positions: the model's `ablation_increases`, as the scoring command
-    computes the mean-ablation preference.
+    ({name: result dict}, {name: summary}) of every registered probe-free measure the text allows, through the same
+    metric: each tower's increase in place of its log-probability, less the largest at each position (the
+    differences between towers, hence the test, unchanged); the summary is what preference.json keeps of it.
     """
-    blocks = [torch.tensor([passage["token_ids"]]) for passage in passages]
-    features, targets = zip(*(model.scored_features(model.probe_features(block), block) for block in blocks))
-    features, targets = torch.cat(features, dim=1), torch.cat(targets)  # [towers, n, hidden], [n]
-    means = features.double().mean(dim=1).to(features.dtype)  # [towers, hidden]
-    return model.ablation_increases(features, targets, means).double().numpy()
+    measured, mean_increases = {}, {}
+    for measure in PROBE_FREE_MEASURES:
+        increases = measure.space_values(model, passages)  # [towers, n], or None
+        if increases is not None:
+            gold = (increases - increases.max(axis=0)).T.tolist()
+            measured[measure.name] = module.compute(token_ids=token_ids.tolist(), gold_logprobs=gold,
+                                                    min_count=int(min_count))
+            mean_increases[measure.name] = increases.mean(axis=1).tolist()
+    summaries = {
+        name: intervention_summary(result, result["preference_nats"], results["preference_nats"], results["eligible"],
+                                   mean_increases[name],
+                                   {other: measured[other]["preference_nats"] for other in measured if other != name})
+        for name, result in measured.items()
+    }
+    return measured, summaries
 
 
 def type_categories(tokens, token_ids, tokenizer, passages):
@@ -153,21 +164,17 @@ def scored_text_view(model_name_or_path, model_path, text, min_count):
         )  # fmt: skip
     except ValueError as error:
         raise gr.Error(str(error)) from error
-    # the ablation preference through the same metric: each tower's loss rise in place of its log-probability, less
-    # the largest at each position (the differences between towers, hence the test, unchanged)
-    increases = ablation_increases(model, passages)
-    ablation = module.compute(token_ids=token_ids.tolist(), gold_logprobs=(increases - increases.max(axis=0)).T.tolist(),
-                              min_count=int(min_count))  # fmt: skip
+    measured, summaries = probe_free_measures(model, passages, token_ids, results, min_count)
     tokens = tokenizer.convert_ids_to_tokens(results["token_ids"])
     source = f"{model_name_or_path.strip()} on the given text."
     categories = type_categories(tokens, results["token_ids"], tokenizer, passages)
-    page = render_token_view(results, tokens, passages, categories, source=source, ablation=ablation,
+    page = render_token_view(results, tokens, passages, categories, source=source, measures=measured,
                              byte_level=is_byte_level(tokenizer))
     frame = (
         f'<iframe title="token view" srcdoc="{html.escape(page, quote=True)}" '
         f'style="width: 100%; height: {VIEW_HEIGHT_PX}px; border: 0"></iframe>'
     )
-    return frame, results
+    return frame, results | summaries  # the metric's keys, and each probe-free measure's summary under its name
 
 
 paste_tab = gr.Interface(
@@ -189,7 +196,8 @@ model_tab = gr.Interface(
         gr.Textbox(label="text: a short text to score", lines=6),
         gr.Number(label="min_count", value=2, precision=0),
     ],
-    outputs=[gr.HTML(label="token view"), gr.JSON(label="tower_preference")],
+    # open: every level shown (each probe-free measure's agreement with the others lies four levels deep)
+    outputs=[gr.HTML(label="token view"), gr.JSON(label="tower_preference", open=True)],
     description="Each token coloured by the tower its type prefers in this text; hover a token for its numbers.",
 )
 demo = gr.TabbedInterface(

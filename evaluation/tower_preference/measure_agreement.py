@@ -21,6 +21,13 @@ STRONG_NEGATIVE = -0.5  # an r at or below this is worded as the measures pointi
 FEW_TYPES = 20  # below this many eligible types, a correlation over types rests on a handful of points: said so
 
 
+def pooled_pearson(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Pearson's r over every entry of two arrays of one shape (types x towers), or None where one is constant."""
+    x, y = x.ravel() - x.mean(), y.ravel() - y.mean()
+    norm = np.sqrt((x @ x) * (y @ y))
+    return None if norm == 0 else float(x @ y / norm)
+
+
 def pooled_correlation(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pearson's r of [..., towers, types] arrays over towers and types together, each tower centered over its types
     first (two towers: the r of tower 0's preferences); NaN where one side is constant."""

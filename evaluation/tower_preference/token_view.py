@@ -4,8 +4,8 @@ One self-contained HTML page (inline CSS and JavaScript, the data embedded as JS
 viewed), rendered from the Jinja template token_view.html.j2 beside this file. The colour of a token is the tower its
 type prefers, its strength the size of that preference, and a type whose preference is not significant beyond probe
 noise (the per-type test of the metric) is faded. Hovering a token shows a card: the token, each tower's
-log-probability of it at this position, the type's preference with its interval and, when given, its mean-ablation
-preference (no probe). Filters select token categories, towers and significance.
+log-probability of it at this position, the type's preference with its interval and, when given, a line for each
+probe-free measure (measures.py: mean ablation, ...). Filters select token categories, towers and significance.
 
 `python -m twotower.evaluation.scoring.score` writes it as a report's tokens.html; the tower_preference Space shows it
 for a model and a text. Both call `render_token_view` with the metric's result dict:
@@ -22,10 +22,14 @@ from scipy import special
 
 
 try:  # a module of the package; the Space's app.py imports this file from its own folder
-    from .measure_agreement import DECODABLE, RELIED_ON, agreement_meaning, measure_agreement
+    from .measure_agreement import agreement_meaning, measure_agreement
+    from .measures import PROBE_FREE_MEASURES, PROBE_MEASURE
+    from .preference_measure import measure_card
     from .text_cells import readable_token
 except ImportError:
-    from measure_agreement import DECODABLE, RELIED_ON, agreement_meaning, measure_agreement
+    from measure_agreement import agreement_meaning, measure_agreement
+    from measures import PROBE_FREE_MEASURES, PROBE_MEASURE
+    from preference_measure import measure_card
     from text_cells import readable_token
 
 
@@ -100,6 +104,7 @@ def type_cards(results, tokens, categories, shown_ids, byte_level=None) -> dict[
             "preference_nats": [round(value, DECIMALS) for value in preference],
             "interval_nats": [_finite_pair(low[t, i], high[t, i]) for t in range(len(preference))],
             "p_value": None if results["p_value"][i] is None else float(f"{results['p_value'][i]:.3g}"),
+            "measures": {},  # a line of each probe-free measure given (measure_rows)
         }
     return cards
 
@@ -148,27 +153,31 @@ def _passage_cells(passages, positions, cards):
     return shown
 
 
-def ablation_cards(ablation, shown_ids) -> dict[int, dict]:
-    """The hover card's ablation line of each shown type: its preferred tower by mean ablation, by how much, and the
-    occurrence-level test (`ablation`: the result dict of the mean-ablation preference, scoring/ablation.py)."""
-    index = {token_id: i for i, token_id in enumerate(ablation["token_ids"])}
-    cards = {}
-    for token_id in sorted(shown_ids & set(index)):
-        i = index[token_id]
-        tower = ablation["preferred_tower"][i]
-        p_value = ablation["p_value"][i]
-        cards[token_id] = {
-            "preferred_tower": tower,
-            "preference_nats": round(ablation["preference_nats"][tower][i], DECIMALS),
-            "eligible": ablation["eligible"][i],
-            "significant": ablation["significant"][i],
-            "p_value": None if p_value is None else float(f"{p_value:.3g}"),
-        }
-    return cards
+def measure_rows(results, measures, cards, shown_ids) -> list[dict]:
+    """The page's row of each registered probe-free measure in `measures` ({name: its result dict}), in the registry's
+    order: its words and its agreement with the probes' preference over types; each shown type's card gets the
+    measure's line (`cards[token_id]["measures"][name]`)."""
+    unknown = sorted(set(measures) - {measure.name for measure in PROBE_FREE_MEASURES})
+    if unknown:
+        raise ValueError(f"`measures` names {unknown}, which are not registered probe-free measures; give results "
+                         f"under the names of measures.py's: {[measure.name for measure in PROBE_FREE_MEASURES]}.")
+    rows = []
+    for measure in PROBE_FREE_MEASURES:
+        measured = measures.get(measure.name)
+        if measured is None:
+            continue
+        index = {token_id: i for i, token_id in enumerate(measured["token_ids"])}
+        for token_id in shown_ids & set(index):
+            cards[token_id]["measures"][measure.name] = measure_card(measured, index, token_id, DECIMALS)
+        agreement = measure_agreement(results["preference_nats"], measured["preference_nats"], results["eligible"])
+        rows.append({"name": measure.name, "label": measure.label, "method": measure.method,
+                     "question": measure.question, "agreement": agreement,
+                     "agreement_meaning": agreement_meaning(agreement)})
+    return rows
 
 
 def render_token_view(results, tokens, passages, categories=None, title="Tower preference: token view", source="",
-                      ablation=None, byte_level=None):
+                      measures=None, byte_level=None):
     """The token view page (HTML) of passages of a scored text.
 
     Args:
@@ -179,19 +188,15 @@ def render_token_view(results, tokens, passages, categories=None, title="Tower p
             text by character spans) or "texts" [seq] (`token_texts`, one cell per token).
         categories: {scheme: [label of every type of results["token_ids"]]}, e.g. {"kind": [...]}; one filter each.
         source: what the passages are, in words, for the page's heading (e.g. the first 8 of 40 blocks of a text).
-        ablation: optionally, the result dict of the mean-ablation preference of the same text; the hover card then
-            shows it too, and the page says how far the two measures agree.
+        measures: optionally, {name: result dict} of registered probe-free measures (measures.py) of the same text;
+            the hover card then shows a line of each, and the page says how far each agrees with the probes.
         byte_level: whether the tokens are byte-level BPE pieces (text_cells.is_byte_level); None guesses.
     """
     categories = categories or {}
     positions = [_passage_positions(passage, results) for passage in passages]
     shown_ids = {int(token_id) for passage in passages for token_id in passage["token_ids"]} & set(results["token_ids"])
     cards = type_cards(results, tokens, categories, shown_ids, byte_level)
-    agreement = None
-    if ablation is not None:
-        for token_id, ablation_card in ablation_cards(ablation, shown_ids).items():
-            cards[token_id]["ablation"] = ablation_card
-        agreement = measure_agreement(results["preference_nats"], ablation["preference_nats"], results["eligible"])
+    rows = measure_rows(results, measures or {}, cards, shown_ids)
     full_colour = full_colour_nats(results)
     data = {
         "num_towers": results["num_towers"],
@@ -200,17 +205,16 @@ def render_token_view(results, tokens, passages, categories=None, title="Tower p
         "replicas_per_tower": results.get("replicas_per_tower"),
         "types": {str(token_id): card for token_id, card in cards.items()},
         "positions": positions,
-        "agreement": agreement,
-        "measures": {"probe": DECODABLE, "ablation": RELIED_ON},
+        "probes": {"method": PROBE_MEASURE.method, "question": PROBE_MEASURE.question},
+        "measures": rows,
     }
     return _environment().get_template(TEMPLATE).render(
         title=title,
         source=source,
         results=results,
         passages=_passage_cells(passages, positions, cards),
-        agreement=agreement,
-        agreement_meaning=agreement_meaning(agreement),
-        measures=data["measures"],
+        probes=data["probes"],
+        measures=rows,
         cards=cards,
         backgrounds={token_id: token_background(card, full_colour) for token_id, card in cards.items()},
         category_values={CATEGORY_NAMES.get(scheme, scheme): sorted(set(labels)) for scheme, labels in categories.items()},

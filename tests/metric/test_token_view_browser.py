@@ -20,6 +20,7 @@ from scipy import stats
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from twotower.evaluation.tower_preference.preference_stats import PreferenceAccumulator
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
+from twotower.evaluation.tower_preference.measures import PROBE_FREE_MEASURES
 from twotower.evaluation.tower_preference.token_view import TOWER_COLORS, render_token_view
 from twotower.training.tokenizer import train_bpe_tokenizer
 
@@ -90,7 +91,7 @@ def token_view(planted, chromium, tmp_path):
     """tokens.html of the planted preferences, opened offline; yields (page, URLs the page requested)."""
     kinds = ["word-initial" if i % 2 else "continuation" for i in planted["results"]["token_ids"]]
     page_html = render_token_view(planted["results"], planted["tokens"], planted["passages"], {"kind": kinds},
-                                  ablation=planted["ablation"])
+                                  measures={"ablation": planted["ablation"]})
     path = tmp_path / "tokens.html"
     path.write_text(page_html, encoding="utf-8")
     context = chromium.new_context(offline=True, viewport={"width": 1100, "height": 800})
@@ -161,7 +162,7 @@ def test_the_hover_card_shows_this_positions_numbers(token_view, planted):
     # planted to point to different towers: the card says what that means, with the page's agreement over types
     assert card.locator("[data-field=measures]").inner_text().startswith(
         "The two measures point to different towers: tower 0's features let a probe predict this type better, yet "
-        "the joint model loses more without tower 1. Not a contradiction"
+        "the joint model loses more without tower 1 (mean ablation). Not a contradiction"
     )
     assert card.locator("[data-field=categories]").inner_text() == "kind: continuation"  # 20 is even
     page.mouse.move(0, 0)
@@ -334,5 +335,13 @@ def test_the_space_scores_a_model_and_a_text_and_shows_the_token_view(planted_mo
     shown = json.loads(shown.replace("\n", ""))
     for key in ("num_predictions", "num_eligible_types", "num_significant", "significant", "reliability"):
         assert shown[key] == pytest.approx(results[key], rel=1e-6), key
+    # every registered probe-free measure: its summary beside the metric's, its line on the card
+    spans = view.locator(f".token.scored[data-type='{planted_ids['the']}']")
+    spans.first.hover()
+    for measure in PROBE_FREE_MEASURES:
+        assert set(shown[measure.name]) == set(measure.summary_key_descriptions), measure.name
+        assert shown[measure.name]["num_eligible_types"] == results["num_eligible_types"]
+        assert view.locator(f"#card [data-field={measure.name}]").inner_text().startswith(
+            f"Relied on by the joint model ({measure.method}): "), measure.name
     page.screenshot(path=folder.parent / "space.png")
     page.close()

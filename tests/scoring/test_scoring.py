@@ -19,6 +19,7 @@ from twotower.evaluation import PreferenceAccumulator, compute_preference
 from twotower.evaluation import compare
 from twotower.evaluation.scoring import report, score
 from twotower.evaluation.scoring.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
+from twotower.evaluation.tower_preference.measures import MEASURES, PROBE_MEASURE
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
@@ -135,7 +136,9 @@ def assert_summaries_close(summary, expected):
 def test_report_numbers_match_the_model_run_directly(scored):
     written = json.loads((scored["output_dir"] / report.PREFERENCE_JSON).read_text())
     # one probe: no cross-fit; parts of speech, with the tagger or the hint to install it
-    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "ablation", "parts_of_speech"}
+    # and every registered probe-free measure, under its name
+    assert set(written) == {"model", "data", "settings", "perplexity", "summary", "parts_of_speech",
+                            *(measure.name for measure in MEASURES[1:])}
     assert written == json.loads(json.dumps(scored["returned"]))  # main returns what it wrote
 
     token_ids, gold_logprobs, joint_nll = scored["token_ids"], scored["gold_logprobs"], scored["joint_nll"]
@@ -349,6 +352,39 @@ def test_probe_replicas_are_scored_with_the_replica_level_test(scored, tmp_path,
     expected = compute_preference(token_ids, gold, min_count=MIN_COUNT, top_k=5, center=True, probe_towers=probe_towers)
     assert unpaired["summary"]["probe_runs"] is None and not unpaired["summary"]["paired"]
     assert unpaired["summary"]["reliability"] == pytest.approx(expected.summary["reliability"], rel=1e-9)
+
+
+def token_view_data(html):
+    """The JSON that tokens.html embeds and its script reads."""
+    return json.loads(re.search(r'<script type="application/json" id="token-view-data">(.*?)</script>', html, re.S)[1])
+
+
+@pytest.mark.parametrize("measure", MEASURES, ids=lambda measure: measure.name)
+def test_every_measure_is_in_the_summary_the_report_and_the_token_view(scored, measure):
+    # the scoring command's defaults measure every registered measure
+    written = json.loads((scored["output_dir"] / report.PREFERENCE_JSON).read_text(encoding="utf-8"))
+    markdown = (scored["output_dir"] / report.REPORT_MD).read_text(encoding="utf-8")
+    view = token_view_data((scored["output_dir"] / report.TOKEN_VIEW_HTML).read_text(encoding="utf-8"))
+    assert f"\n## {measure.report_heading}\n" in markdown
+    if measure is PROBE_MEASURE:
+        assert set(written["summary"]) <= set(measure.summary_key_descriptions)
+        assert view["probes"] == {"method": measure.method, "question": measure.question}
+        return
+    # every key of its summary declared and described, and nothing else
+    assert set(written[measure.name]) == set(measure.summary_key_descriptions)
+    others = {other.name for other in MEASURES[1:]} - {measure.name}
+    assert set(written[measure.name]["agreement_with_measures"]) == others
+    section = markdown.split(f"## {measure.report_heading}\n", 1)[1].split("\n## ", 1)[0]
+    assert f"{written[measure.name]['correlation_with_probe_preference']:.3f}" in section
+    # its row in the token view, with its agreement with the probes, and its line on every scored type's card
+    (row,) = [row for row in view["measures"] if row["name"] == measure.name]
+    assert (row["method"], row["question"]) == (measure.method, measure.question)
+    assert row["agreement"]["num_types"] == written["summary"]["num_eligible_types"]
+    assert all(measure.name in card["measures"] for card in view["types"].values())
+    table = pd.read_csv(scored["output_dir"] / report.PER_TOKEN_CSV)
+    shown = {int(token_id): card["measures"][measure.name] for token_id, card in view["types"].items()}
+    rows = table.set_index("token_id").loc[list(shown)]
+    np.testing.assert_array_equal(rows[f"{measure.name}_significant"], [card["significant"] for card in shown.values()])
 
 
 def test_blocks_keep_their_document_and_the_report_cross_fits_and_ablates(scored, tmp_path):
