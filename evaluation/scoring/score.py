@@ -423,6 +423,7 @@ def score_model(model_dir, output_dir, **options):
     word_starts = word_starts_of(tokenizer)
     if word_starts is not None:
         consumers.append(word_starts)
+    measures, measures_left_out = measures_for(args, len(blocks))
     cross_fit = None
     if model.config.probe_replicas >= 2 and DOCUMENT_COLUMN in blocks.column_names:
         cross_fit = CrossFittedPreference(model.config.num_towers, model.config.probe_replicas, model.config.vocab_size)
@@ -436,7 +437,7 @@ def score_model(model_dir, output_dir, **options):
         pair_replicas=args.pair_replicas,
         disable_tqdm=args.disable_tqdm,
         consumers=consumers,
-        measures=[measure.name for measure in PROBE_FREE_MEASURES if getattr(args, measure.option)],
+        measures=[measure.name for measure in measures],
     )
     (accumulator,) = scores.accumulators
     result = accumulator.compute(alpha=args.alpha, min_count=args.min_count, top_k=args.top_k, center=args.center)
@@ -447,6 +448,7 @@ def score_model(model_dir, output_dir, **options):
             "description": _data_description(args),
             **{field: getattr(args, field) for field in DATA_FIELDS},
             "num_blocks": len(blocks),
+            "measures_left_out": measures_left_out,
             "num_predictions": accumulator.num_predictions,
             **(text_tokens or {}),
         },
@@ -476,6 +478,17 @@ def compile_for_scoring(model) -> None:
     """Compile, in place, the parts a scoring pass runs: the towers (`model.model`), the joint head and the probes."""
     for part in (model.model, model.lm_head, model.probes):
         part.compile()
+
+
+def measures_for(args, num_blocks: int):
+    """The probe-free measures turned on that this text and batch size allow, and {label: why} of those they don't
+    (a text or a batch shorter than a measure's `min_blocks`: the report says so rather than the scoring failing)."""
+    turned_on = [measure for measure in PROBE_FREE_MEASURES if getattr(args, measure.option)]
+    fewest = min(num_blocks, args.batch_size)
+    left_out = {measure.label: f"it needs batches of at least {measure.min_blocks} blocks, and this text was scored "
+                f"as {num_blocks} in batches of up to {args.batch_size}"
+                for measure in turned_on if fewest < measure.min_blocks}
+    return [measure for measure in turned_on if fewest >= measure.min_blocks], left_out
 
 
 def probe_free_results(args, report, result, scores) -> dict:

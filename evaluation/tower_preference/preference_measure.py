@@ -84,6 +84,7 @@ class PreferenceMeasure:
     method: str  # how it measures, after its question on the hover card: "probes", "mean ablation, no probe"
     question: str  # what it measures: measure_agreement.DECODABLE or RELIED_ON
     option: str | None  # the scoring command's option that turns it on; None: always measured
+    min_blocks = 1  # the fewest blocks a batch and a text must hold for it; scoring leaves it out (and says so) below
     summary_key_descriptions: dict[str, str]
     report_heading: str
     report_section: str | None  # None: the report's own sections are this measure's

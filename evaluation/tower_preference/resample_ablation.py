@@ -62,6 +62,7 @@ class ResampleAblationMeasure(TowerIntervention):
     label = "resample ablation"
     method = "resample ablation, no probe"
     option = "resample_ablation"
+    min_blocks = 2  # a donor block beside the scored one
     replacement = "its state at the same position of another block of the batch (the blocks rolled by one)"
     report_heading = "Resample-ablation preference (no probe)"
 

@@ -19,7 +19,7 @@ from twotower.evaluation import PreferenceAccumulator, compute_preference
 from twotower.evaluation import compare
 from twotower.evaluation.scoring import report, score
 from twotower.evaluation.scoring.cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents
-from twotower.evaluation.tower_preference.measures import MEASURES, PROBE_MEASURE
+from twotower.evaluation.tower_preference.measures import MEASURES, PROBE_FREE_MEASURES, PROBE_MEASURE
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
@@ -660,3 +660,21 @@ def test_without_the_tagger_the_report_says_how_to_get_it(scored, tmp_path, monk
     written = score.score_model(scored["model_dir"], tmp_path / "off", parts_of_speech=False, **options)
     assert "parts_of_speech" not in written and written["settings"]["parts_of_speech"] is False
     assert "## Part of speech" not in (tmp_path / "off" / report.REPORT_MD).read_text()
+
+
+@pytest.mark.parametrize("max_blocks, batch_size", [(1, 5), (MAX_BLOCKS, 1)])
+def test_a_measure_the_text_or_batch_is_too_short_for_is_left_out_and_the_report_says_why(
+    scored, tmp_path, max_blocks, batch_size
+):
+    # resample ablation needs a donor block beside the scored one; the others are measured as before
+    written = score.score_model(scored["model_dir"], tmp_path / "report", validation_file=str(scored["validation_file"]),
+                                block_size=BLOCK_SIZE, max_blocks=max_blocks, batch_size=batch_size,
+                                min_count=MIN_COUNT, disable_tqdm=True, cpu=True)
+    resample = next(measure for measure in PROBE_FREE_MEASURES if measure.name == "resample_ablation")
+    assert resample.name not in written and "ablation" in written
+    assert list(written["data"]["measures_left_out"]) == [resample.label]
+    page = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert (f"The {resample.label} preference was not measured: it needs batches of at least 2 blocks, and this text "
+            f"was scored as {max_blocks} in batches of up to {batch_size}.") in page
+    full = json.loads((scored["output_dir"] / "preference.json").read_text(encoding="utf-8"))
+    assert full["data"]["measures_left_out"] == {} and resample.name in full
