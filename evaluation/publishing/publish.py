@@ -1,4 +1,4 @@
-"""
+r"""
 Publish a trained two-tower model on the Hugging Face Hub: stage a repository folder, then upload it.
 
 The staged folder holds the safetensors weights, config.json with `auto_map`, the modeling code files, the
@@ -31,6 +31,7 @@ from modeling_twotower import TwoTowerForCausalLM
 
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from twotower.training.utils.cli import run
+from twotower.training.utils.options import command_name
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
 from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
@@ -169,7 +170,9 @@ def publish_model(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=command_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model_dir", required=True, help="the `model` folder a training run saved")
     parser.add_argument("--repo_id", required=True, help="user/name of the Hub model repository")
     parser.add_argument("--output_dir", required=True, help="where the repository folder is staged")
