@@ -13,10 +13,8 @@ import pytest
 import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM
-from twotower.evaluation.scoring.score import score_model
-from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
+from test_token_view_text import score_with_drawn_probes
 
 # the tokenizer learns the English only, so every other character is byte pieces
 TOKENIZER_TEXT = "The cat sat on the mat, she said.\n" * 50
@@ -51,14 +49,8 @@ def assert_reads(shown: str, expected: str, name: str):
 def scored_text(tmp_path_factory):
     """The report of TEXT scored by a tiny model with 2 probe replicas a tower, and that model's blocks and tokenizer."""
     folder = tmp_path_factory.mktemp("cells")
-    tokenizer = train_bpe_tokenizer(iter([TOKENIZER_TEXT.splitlines(keepends=True)]), vocab_size=400)
-    model = tiny_two_tower(vocab_size=padded_vocab_size(tokenizer), probe_replicas=2)
-    model.config.probe_training_steps = 1  # as the probe phase records; the probes stay as drawn
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    (folder / "text.txt").write_text(TEXT, encoding="utf-8")
-    score_model(folder / "model", folder / "report", validation_file=str(folder / "text.txt"), block_size=BLOCK_SIZE,
-                token_view_blocks=10**6, min_count=MIN_COUNT, ablation=False, parts_of_speech=False)
+    tokenizer = score_with_drawn_probes(folder, TEXT, TOKENIZER_TEXT, BLOCK_SIZE, min_count=MIN_COUNT,
+                                        parts_of_speech=False)
     ids = tokenizer(TEXT)["input_ids"]
     blocks = torch.tensor(ids[: len(ids) // BLOCK_SIZE * BLOCK_SIZE]).view(-1, BLOCK_SIZE)  # the whole blocks
     model = TwoTowerForCausalLM.from_pretrained(folder / "model").eval()
