@@ -1,23 +1,28 @@
 """
 Every cell of the token view has a working hover card: a real tiny model scores a text holding a cell of each class
 (ASCII, a character of merged byte pieces, an emoji, CJK, right-to-left Hebrew, a zero-width-joiner sequence), and
-headless Chromium hovers one of each and reads its card against the model run directly, with no page error. Skipped
-where Chromium or Playwright is missing (conftest.py's `chromium`).
+headless Chromium hovers one of each and reads its card against the model run directly, with no page error; the
+script that makes docs/preference.md's screenshot hovers the cell it is given. Skipped where Chromium or Playwright is
+missing (conftest.py's `chromium`).
 """
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from conftest import tiny_two_tower
+from conftest import HANG_LIMIT_S
 from modeling_twotower import TwoTowerForCausalLM
-from twotower.evaluation.scoring.score import score_model
-from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
+from test_token_view_text import score_with_drawn_probes
 
+REPO = Path(__file__).resolve().parents[2]
 # the tokenizer learns the English only, so every other character is byte pieces
 TOKENIZER_TEXT = "The cat sat on the mat, she said.\n" * 50
 FAMILY = "\U0001f469\u200d\U0001f469\u200d\U0001f467"  # woman, zero-width joiner, woman, joiner, girl: one character
@@ -51,14 +56,8 @@ def assert_reads(shown: str, expected: str, name: str):
 def scored_text(tmp_path_factory):
     """The report of TEXT scored by a tiny model with 2 probe replicas a tower, and that model's blocks and tokenizer."""
     folder = tmp_path_factory.mktemp("cells")
-    tokenizer = train_bpe_tokenizer(iter([TOKENIZER_TEXT.splitlines(keepends=True)]), vocab_size=400)
-    model = tiny_two_tower(vocab_size=padded_vocab_size(tokenizer), probe_replicas=2)
-    model.config.probe_training_steps = 1  # as the probe phase records; the probes stay as drawn
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    (folder / "text.txt").write_text(TEXT, encoding="utf-8")
-    score_model(folder / "model", folder / "report", validation_file=str(folder / "text.txt"), block_size=BLOCK_SIZE,
-                token_view_blocks=10**6, min_count=MIN_COUNT, ablation=False, parts_of_speech=False)
+    tokenizer = score_with_drawn_probes(folder, TEXT, TOKENIZER_TEXT, BLOCK_SIZE, min_count=MIN_COUNT,
+                                        parts_of_speech=False)
     ids = tokenizer(TEXT)["input_ids"]
     blocks = torch.tensor(ids[: len(ids) // BLOCK_SIZE * BLOCK_SIZE]).view(-1, BLOCK_SIZE)  # the whole blocks
     model = TwoTowerForCausalLM.from_pretrained(folder / "model").eval()
@@ -131,3 +130,18 @@ def test_every_class_of_cell_has_its_hover_card(scored_text, chromium):
     assert shown == scored_text["blocks"].shape[0] * (BLOCK_SIZE - 1) > page.locator(".token.scored").count()
     assert page.locator("#match-count").inner_text() == f"{shown} of {shown} scored tokens match"
     context.close()
+
+
+def test_the_screenshot_script_hovers_the_cell_it_is_given(scored_text, chromium, tmp_path):
+    # scripts/token_view_screenshot.py makes docs/preference.md's image; it stops where no card would show
+    script = REPO / "scripts" / "token_view_screenshot.py"
+    command = [sys.executable, str(script), str(scored_text["folder"] / "report")]
+    shot = tmp_path / "shot.png"
+    result = subprocess.run([*command, "--token", CELLS["CJK"], "--output", str(shot), "--width", "640", "--height",
+                             "480"], capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert result.returncode == 0, result.stderr
+    assert Image.open(shot).size == (640, 480)
+    result = subprocess.run([*command, "--token", "absent", "--output", str(tmp_path / "none.png")],
+                            capture_output=True, text=True, timeout=HANG_LIMIT_S)
+    assert result.returncode == 1 and "no scored cell reads 'absent'" in result.stderr
+    assert not (tmp_path / "none.png").exists()

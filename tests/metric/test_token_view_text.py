@@ -18,17 +18,25 @@ MIXED_TEXT = (
 PASSAGES = "() => Array.from(document.querySelectorAll('.passage')).map((p) => p.textContent)"
 
 
-def scored_page(tmp_path, chromium, text, tokenizer_text, block_size):
-    """tokens.html of `text` scored by a tiny model (every block shown), opened offline: (each passage's text, the
-    page's whole text)."""
+def score_with_drawn_probes(folder, text, tokenizer_text, block_size, min_count=2, **options):
+    """`text` (folder/text.txt) scored into folder/report, every block in the token view, by a tiny model with 2
+    probe replicas a tower and a byte-level BPE of 400 tokens learnt from `tokenizer_text` (folder/model); returns
+    the tokenizer. `options` go to score_model."""
     tokenizer = train_bpe_tokenizer(iter([tokenizer_text.splitlines(keepends=True)]), vocab_size=400)
     model = tiny_two_tower(vocab_size=padded_vocab_size(tokenizer), probe_replicas=2)
     model.config.probe_training_steps = 1  # as the probe phase records; the probes stay as drawn
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
-    score_model(tmp_path / "model", tmp_path / "report", validation_file=str(tmp_path / "text.txt"),
-                block_size=block_size, token_view_blocks=10**6, min_count=2, ablation=False)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    (folder / "text.txt").write_text(text, encoding="utf-8")
+    score_model(folder / "model", folder / "report", validation_file=str(folder / "text.txt"), block_size=block_size,
+                token_view_blocks=10**6, min_count=min_count, ablation=False, **options)
+    return tokenizer
+
+
+def scored_page(tmp_path, chromium, text, tokenizer_text, block_size):
+    """tokens.html of `text` scored by a tiny model (every block shown), opened offline: (each passage's text, the
+    page's whole text)."""
+    score_with_drawn_probes(tmp_path, text, tokenizer_text, block_size)
     context = chromium.new_context(offline=True)
     page = context.new_page()
     page.goto((tmp_path / "report" / "tokens.html").as_uri())
