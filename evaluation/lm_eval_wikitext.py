@@ -3,7 +3,7 @@ Write an offline lm-evaluation-harness task for WikiText-2 from local files, so 
 is evaluated through the harness's `hf` model type without the Hub:
 
     python -m twotower.evaluation.lm_eval_wikitext --wikitext_dir ../shared/data/wikitext-2 --output_dir lm_eval_tasks
-    lm_eval --model hf --model_args pretrained=outputs/tiny/model,trust_remote_code=True \
+    lm_eval --model hf --model_args pretrained=outputs/tiny/probe/model,trust_remote_code=True \
         --tasks wikitext2_local --include_path lm_eval_tasks --device cpu
 """
 

@@ -7,10 +7,10 @@ a recipe (training/recipes/*.yaml) overridden by `--key value`; `--help` lists t
 OUTPUT_DIR/model (the final model in the Hub layout), OUTPUT_DIR/checkpoints and OUTPUT_DIR/runs (TensorBoard).
 
 One CPU, the tiny recipe (minutes):
-    python -m twotower.training.train --recipe tiny --output_dir outputs/tiny \
+    python -m twotower.training.train --recipe tiny --output_dir outputs/tiny/pretrain \
         --train_file ../shared/data/wikitext-2/train.txt --validation_file ../shared/data/wikitext-2/valid.txt
-    python -m twotower.training.train --recipe tiny_probe --output_dir outputs/tiny-probe \
-        --pretrained_model outputs/tiny/model \
+    python -m twotower.training.train --recipe tiny_probe --output_dir outputs/tiny/probe \
+        --pretrained_model outputs/tiny/pretrain/model \
         --train_file ../shared/data/wikitext-2/train.txt --validation_file ../shared/data/wikitext-2/valid.txt
 
 Two CPU processes (gloo): the data is sharded, so halve the per-device batch to keep the global batch:
@@ -19,7 +19,7 @@ Two CPU processes (gloo): the data is sharded, so halve the per-device batch to 
 One node with 8 GPUs (DDP; accelerate_configs/fsdp.yaml and deepspeed_zero2.yaml are the alternatives). The configs
 train in bf16 and the base recipes say fp16 (the reference's): a disagreement is refused, so say which to use:
     accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_processes 8 \
-        -m twotower.training.train --recipe base --mixed_precision bf16 --output_dir outputs/base
+        -m twotower.training.train --recipe base --mixed_precision bf16 --output_dir outputs/base/pretrain
 
 The same config on 2 CPU processes (accelerate launch's own --cpu would start one process; the training's starts gloo):
     accelerate launch --config_file training/accelerate_configs/ddp.yaml --num_processes 2 \

@@ -9,7 +9,7 @@ split, or the blocks held out of the training text with a fixed seed). A local -
 enough to score that text.
 
 One CPU, a model trained with the tiny recipes:
-    python -m twotower.evaluation.scoring.score --model_dir outputs/tiny-probe/model --output_dir outputs/tiny-report \
+    python -m twotower.evaluation.scoring.score --model_dir outputs/tiny/probe/model --output_dir outputs/tiny/report \
         --validation_file ../shared/data/wikitext-2/valid.txt
 
 A masked LM (BERT-style) is scored in deterministic masking passes that mask every token exactly once
@@ -17,7 +17,7 @@ A masked LM (BERT-style) is scored in deterministic masking passes that mask eve
 reads the token it predicts, so it is scored in one unmasked pass. preference.json and report.md say which.
 
 One GPU, a base model on WikiText-103's validation split from the Hub, in bfloat16:
-    python -m twotower.evaluation.scoring.score --model_dir outputs/base-probe/model --output_dir outputs/base-report \
+    python -m twotower.evaluation.scoring.score --model_dir outputs/base/probe/model --output_dir outputs/base/report \
         --dataset_name wikitext --dataset_config_name wikitext-103-raw-v1 --dtype bfloat16 --batch_size 128
 """
 
