@@ -1,5 +1,6 @@
 """TwoTowerConfig and TwoTowerForCausalLM: architecture, equivalences, generation, saving and loading."""
 
+import dataclasses
 import importlib
 import json
 import math
@@ -11,12 +12,13 @@ import textwrap
 import pytest
 import torch
 from torch.nn import functional as F
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, pipeline
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, PretrainedConfig, pipeline
 
 import modeling_twotower
 from conftest import HANG_LIMIT_S, TINY_SIZES, tiny_two_tower
 from conftest import tiny_two_tower_config as tiny_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
+from modeling_twotower.towers import TOWER_KINDS
 
 # The tiny model's odd sizes (conftest.TINY_SIZES): a mis-reshaped tensor fails loudly.
 BATCH, SEQ = 3, 7
@@ -79,6 +81,28 @@ def test_model_type_is_namespaced_and_config_round_trips(tmp_path):
     assert isinstance(loaded, TwoTowerConfig)
     assert {k: v for k, v in loaded.to_diff_dict().items() if k != "_name_or_path"} == config.to_diff_dict()
     assert loaded.num_towers == 3 and loaded.use_cache is True
+
+
+# every preset with each kind that builds its layout, in each direction the kind's stack has there
+PRESET_KINDS = [
+    pytest.param(preset, tower_type, bidirectional, id=f"{preset}-{tower_type}-{['causal', 'masked'][bidirectional]}")
+    for preset, fields in modeling_twotower.PRESETS.items()
+    for tower_type, kind in TOWER_KINDS.items()
+    if fields.get("layout", "bert") in kind.layouts
+    for bidirectional in kind.stack_class(fields.get("layout", "bert")).directions
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset, tower_type, bidirectional", PRESET_KINDS)
+def test_every_preset_and_kind_saves_its_declared_fields_and_loads_them_back(preset, tower_type, bidirectional):
+    config = TwoTowerConfig.from_preset(preset, tower_type=tower_type, bidirectional=bidirectional)
+    saved = config.to_dict()
+    # what is saved is the declared fields, the defaults that read other fields resolved, and the base class's keys
+    declared = {field.name for field in dataclasses.fields(TwoTowerConfig)}
+    assert set(saved) == declared | set(PretrainedConfig().to_dict())
+    assert None not in (saved["tower_type"], saved["embedding_size"])
+    for written in (saved, json.loads(config.to_json_string())):  # and config.json, which omits the base defaults
+        assert TwoTowerConfig.from_dict(written).to_dict() == saved
 
 
 @pytest.mark.parametrize(
