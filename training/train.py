@@ -32,7 +32,6 @@ Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first 
         -m twotower.training.train --recipe base --mixed_precision bf16 --output_dir /shared/outputs/base
 """
 
-import argparse
 import json
 import sys
 import time
@@ -46,6 +45,7 @@ from tqdm.auto import tqdm
 from .arguments import TwoTowerTrainingConfig, load_config
 from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
 from .compilation import draw_random_eagerly_on_cpu
+from .utils.cli import CommandParser, run
 from .utils.collective import end_processes, on_main_process
 from .early_stopping import EarlyStopping
 from .hub import check_hub_target, push_to_hub
@@ -308,13 +308,11 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    recipe_parser = argparse.ArgumentParser(add_help=False)
+    recipe_parser = CommandParser(add_help=False)
     recipe_parser.add_argument("--recipe")
     recipe = recipe_parser.parse_known_args(argv)[0].recipe
     return training_function(load_config(recipe, argv))
 
 
 if __name__ == "__main__":
-    from .utils.cli import run
-
     run(main)

@@ -32,7 +32,7 @@ from modeling_twotower import TwoTowerForCausalLM
 
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
-from twotower.training.utils.cli import run
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
@@ -178,7 +178,7 @@ def publish_model(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="the `model` folder a training run saved")
     parser.add_argument("--repo_id", required=True, help="user/name of the Hub model repository")
     parser.add_argument("--output_dir", required=True, help="where the repository folder is staged")

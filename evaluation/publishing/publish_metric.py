@@ -23,7 +23,7 @@ from pathlib import Path
 import modeling_twotower
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, upload_parts
 from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
-from twotower.training.utils.cli import run
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
 
 
@@ -112,7 +112,7 @@ def publish_metric(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", help=f"with --dry-run: the Space is staged into OUTPUT_DIR/{METRIC_NAME}")
     parser.add_argument("--repo_id", required=True, help=f"user/{METRIC_NAME}, the Space to create or update")
     parser.add_argument("--private", action="store_true", help="create the Space as private")

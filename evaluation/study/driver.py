@@ -32,7 +32,6 @@ and OUTPUT_DIR/convergence/FAMILY-sSEED/pretrain: the convergence check of each 
 run `convergence_factor` times as long as the family's.
 """
 
-import argparse
 import dataclasses
 import gzip
 import json
@@ -458,7 +457,7 @@ def scored_text_tags(study, data_dir, report_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = cli.CommandParser(
         prog="python -m twotower.evaluation.study", description=__doc__.strip().splitlines()[0]
     )
     parser.add_argument("--recipe", default="cpu", help="a study recipe name (evaluation/study/recipes) or YAML path")
