@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from conftest import HANG_LIMIT_S, TINY_SIZES, tiny_two_tower
 from conftest import tiny_two_tower_config as tiny_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
 from modeling_twotower.towers import TOWER_KINDS
+from test_version_ranges import version_range_script
 
 # The tiny model's odd sizes (conftest.TINY_SIZES): a mis-reshaped tensor fails loudly.
 BATCH, SEQ = 3, 7
@@ -525,37 +525,20 @@ def test_registration_tolerates_a_second_import():
 
 
 def test_loads_as_hub_custom_code_where_the_package_is_not_importable(tmp_path):
-    model = tiny_model(probe_replicas=2)
-    input_ids = random_ids()
-    model.save_pretrained(tmp_path / "model")
-    expected = {"logits": model(input_ids).logits, "probes": model.probe_logprobs(input_ids, all_replicas=True)}
-    torch.save({"input_ids": input_ids, **expected}, tmp_path / "expected.pt")
-    script = textwrap.dedent(
-        """
-        import sys
-        sys.modules["modeling_twotower"] = None  # the package must not be importable here
-        try:
-            import modeling_twotower
-        except ImportError:
-            pass
-        else:
-            raise SystemExit("modeling_twotower is importable")
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True)
-        expected = torch.load("expected.pt")
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        assert torch.equal(model(expected["input_ids"]).logits, expected["logits"])
-        assert torch.equal(model.probe_logprobs(expected["input_ids"], all_replicas=True), expected["probes"])
-        print("remote code OK", type(model).__name__)
-        """
-    )
+    # scripts/version_range.py, as CI runs it at both ends of setup.py's ranges: a tiny model of every kind and
+    # objective saved here, then loaded with trust_remote_code=True in a process where the package cannot be
+    # imported, and its logits, generation, probe and joint log-probabilities and ablation increases compared
+    version_range = version_range_script()
+    version_range.save(tmp_path / "models")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "remote code OK TwoTowerForCausalLM" in result.stdout
+        [sys.executable, version_range.__file__, "load", "."], cwd=tmp_path / "models", env=env, capture_output=True,
+        text=True, timeout=HANG_LIMIT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    variants = version_range.variants()
+    assert {fields.get("tower_type") for _, fields in variants.values()} >= set(TOWER_KINDS)  # every kind saved
+    assert f"remote code: {len(variants)} of {len(variants)} variants passed" in result.stdout
 
 
 def test_loading_in_bfloat16(tmp_path):
