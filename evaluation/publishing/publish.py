@@ -37,7 +37,7 @@ from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
 from .model_card import REPORT_DIR_IN_REPO, render_model_card
 from .model_folder import find_pretrain_config, model_config_file, read_json, read_yaml, short_path
-from twotower.training.tokenizer import LOADING_FLAGS
+from twotower.training.data.tokenizer import LOADING_FLAGS
 
 PRETRAIN_CONFIG_NAME = "training_config_pretrain.yaml"  # the joint phase's config, staged beside the final one
 REPORT_SUFFIXES = (".json", ".png", ".md", ".csv", ".parquet")

@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from twotower.training.objectives import needs_masking, objective_of
+from twotower.training.data.objectives import needs_masking, objective_of
 
 from .ablation import MeanAblation, tower_feature_means
 from ..tower_preference.preference_stats import PreferenceAccumulator

@@ -46,12 +46,12 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from twotower.training.arguments import load_config
-from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
+from twotower.training.checkpoints.checkpointing import FINAL_MODEL_DIR, checkpoints_root
 from twotower.training.hub import check_hub_target, check_repo_id
 from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
-from twotower.training.objectives import objective_of
-from twotower.training.run_folder import continuation_options, read_eval_history
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.data.objectives import objective_of
+from twotower.training.run.run_folder import continuation_options, read_eval_history
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 from twotower.training.utils import cli
 from twotower.training.utils.atomic import write_text_atomically

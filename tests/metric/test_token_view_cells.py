@@ -16,7 +16,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM
 from twotower.evaluation.scoring.score import score_model
-from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
+from twotower.training.data.tokenizer import padded_vocab_size, train_bpe_tokenizer
 
 # the tokenizer learns the English only, so every other character is byte pieces
 TOKENIZER_TEXT = "The cat sat on the mat, she said.\n" * 50

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
-from training.tokenizer import load_tokenizer, padded_vocab_size
+from training.data.tokenizer import load_tokenizer, padded_vocab_size
 from conftest import HANG_LIMIT_S
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.data import load_raw_datasets, tokenize_and_group
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.objectives import make_collators
-from twotower.training.probe_cache import cache_both_splits, plan_feature_cache
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.data.objectives import make_collators
+from twotower.training.feature_cache.probe_cache import cache_both_splits, plan_feature_cache
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 from conftest import HANG_LIMIT_S
 from test_probe_training import saved_model, sliced_corpus_with_tokenizer
@@ -101,7 +101,7 @@ def test_auto_recomputes_when_the_cache_exceeds_its_budgets(runs_by_mode, models
                                                              capsys):  # fmt: skip
     expected_run = runs_by_mode("causal")["none"]
     capsys.readouterr()
-    monkeypatch.setattr("twotower.training.probe_cache.free_memory_bytes", lambda accelerator: 0)
+    monkeypatch.setattr("twotower.training.feature_cache.probe_cache.free_memory_bytes", lambda accelerator: 0)
     result = run(models, corpus, tmp_path, "causal", probe_feature_cache="auto", probe_cache_max_gb=1e-6)
     out = capsys.readouterr().out
     # 2 towers x 24 float32 = 192 bytes per position; 24 x 31 training + 8 x 31 validation next-token positions

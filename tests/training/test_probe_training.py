@@ -21,14 +21,14 @@ from transformers import AutoModelForCausalLM
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.data import load_raw_datasets, tokenize_and_group
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
+from twotower.training.data.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.phases.replica_sampling import replica_orders, step_positions
-from twotower.training.probe_cache import FeatureCache, build_feature_cache
-from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
+from twotower.training.feature_cache.probe_cache import FeatureCache, build_feature_cache
+from twotower.training.data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
-from twotower.training.validation import evaluate_cached
+from twotower.training.phases.validation import evaluate_cached
 from conftest import HANG_LIMIT_S
 from test_training import assert_resumed_run_ends_bitwise_equal, wikitext_slice
 

@@ -28,19 +28,19 @@ from transformers import AutoModelForCausalLM, set_seed
 
 import modeling_twotower
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
-from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
-from twotower.training.early_stopping import EarlyStopping
+from twotower.training.checkpoints.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
+from twotower.training.data.blocks import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.run.early_stopping import EarlyStopping
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.optimization import weight_decay_groups
+from twotower.training.optim.optimization import weight_decay_groups
 from twotower.training.phases import LinearProbePhase, PretrainPhase, TrainingPhase, make_phase
-from twotower.training.run_setup import TrainingRun
-from twotower.training.probe_cache import build_feature_cache
-from twotower.training.run_folder import read_eval_history
-from twotower.training.throughput import flops_per_token
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.run.run_setup import TrainingRun
+from twotower.training.feature_cache.probe_cache import build_feature_cache
+from twotower.training.run.run_folder import read_eval_history
+from twotower.training.launch.throughput import flops_per_token
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import train_loop, training_function
-from twotower.training.validation import evaluate_cached
+from twotower.training.phases.validation import evaluate_cached
 from conftest import HANG_LIMIT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
