@@ -37,7 +37,13 @@ setup(
     packages=[
         "modeling_twotower",
         "twotower.training",
+        "twotower.training.checkpoints",
+        "twotower.training.data",
+        "twotower.training.feature_cache",
+        "twotower.training.launch",
+        "twotower.training.optim",
         "twotower.training.phases",
+        "twotower.training.run",
         "twotower.training.utils",
         "twotower.evaluation",
         "twotower.evaluation.publishing",

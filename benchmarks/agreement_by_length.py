@@ -22,8 +22,8 @@ from twotower.training.utils.atomic import write_text_atomically
 
 from twotower.evaluation.scoring.score import score_model
 from twotower.training.arguments import load_config
-from twotower.training.checkpointing import FINAL_MODEL_DIR
-from twotower.training.run_folder import continuation_options
+from twotower.training.checkpoints.checkpointing import FINAL_MODEL_DIR
+from twotower.training.run.run_folder import continuation_options
 from twotower.training.train import training_function
 
 

@@ -8,7 +8,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutput
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
-from twotower.training.throughput import config_flops_per_token as two_tower_flops_per_token
+from twotower.training.launch.throughput import config_flops_per_token as two_tower_flops_per_token
 
 TWO_TOWER = "two-tower"
 GPT2_EQUAL_FLOPS = "gpt2-equal-flops"

@@ -27,13 +27,13 @@ from transformers import get_scheduler
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.data import load_raw_datasets, tokenize_and_group
-from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
-from twotower.training.optimization import train_step
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
+from twotower.training.data.objectives import make_collators, predicting_positions, prediction_targets
+from twotower.training.optim.optimization import train_step
 from twotower.training.phases import make_phase
 from twotower.training.phases.replica_sampling import replica_orders, step_positions
-from twotower.training.probe_cache import build_feature_cache
-from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
+from twotower.training.feature_cache.probe_cache import build_feature_cache
+from twotower.training.data.tokenizer import padded_vocab_size, train_bpe_tokenizer
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "train.txt"
 BLOCK_SIZE = 128  # the tiny recipe's

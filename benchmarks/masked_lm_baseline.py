@@ -30,9 +30,9 @@ from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast, g
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForMaskedLM
 from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
-from twotower.training.data import load_raw_datasets, tokenize_and_group
-from twotower.training.objectives import make_collators
-from twotower.training.tokenizer import padded_vocab_size
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
+from twotower.training.data.objectives import make_collators
+from twotower.training.data.tokenizer import padded_vocab_size
 
 WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 BLOCK_SIZE, BATCH_TOKENS, EVAL_TOKENS, WARMUP_STEPS = 128, 16 * 128, 256 * 128, 50  # the tiny recipes'

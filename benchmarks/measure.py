@@ -15,7 +15,7 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from twotower.training.throughput import measure_peak_flops, resolve_peak_flops
+from twotower.training.launch.throughput import measure_peak_flops, resolve_peak_flops
 
 INITIAL_PEAK_MEASUREMENTS = 3  # matmul timings before the run; one more after every timing round
 

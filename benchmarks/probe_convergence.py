@@ -24,8 +24,8 @@ from twotower.evaluation.scoring.score import score_model
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.summary import summary_keys
 from twotower.training.arguments import load_config
-from twotower.training.checkpointing import FINAL_MODEL_DIR
-from twotower.training.run_folder import continuation_options
+from twotower.training.checkpoints.checkpointing import FINAL_MODEL_DIR
+from twotower.training.run.run_folder import continuation_options
 from twotower.training.train import training_function
 
 SUMMARY_KEYS = summary_keys(

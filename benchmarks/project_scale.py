@@ -1,7 +1,7 @@
 """
 Disk, memory and time of the paper-scale recipes (base, large and their masked variants, pretrain and probe phases)
 on 1, 4 and 8 GPUs, printed as the markdown tables of docs/training.md. Every figure is a projection, not a
-measurement: time = the model's training FLOPs per token (training/throughput.py, nanoGPT's estimate) x the recipe's
+measurement: time = the model's training FLOPs per token (training/launch/throughput.py, nanoGPT's estimate) x the recipe's
 tokens (steps x global batch x block size) / (GPUs x datasheet bf16 peak x an assumed MFU), with perfect scaling
 over GPUs; memory from bytes per parameter plus an activation estimate; disk from checkpoint and cache sizes.
 
@@ -17,8 +17,8 @@ import torch
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.probes import PROBE_LOGITS_CHUNK_BYTES
 from twotower.training.arguments import read_recipe
-from twotower.training.probe_cache import FeatureCachePlan, plan_feature_cache
-from twotower.training.throughput import DATASHEET_PEAK_TFLOPS, config_flops_per_token as flops_per_token
+from twotower.training.feature_cache.probe_cache import FeatureCachePlan, plan_feature_cache
+from twotower.training.launch.throughput import DATASHEET_PEAK_TFLOPS, config_flops_per_token as flops_per_token
 
 # (pretrain recipe, probe recipe) pairs; the global batch is the recipes' 5120 blocks on every number of GPUs
 # (gradient accumulation makes up for fewer GPUs), so the per-device micro-batch, and memory, stay the recipe's.

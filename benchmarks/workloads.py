@@ -9,7 +9,7 @@ import torch
 from accelerate.utils import compile_regions
 from torch import nn
 
-from twotower.training.compilation import draw_random_eagerly_on_cpu
+from twotower.training.launch.compilation import draw_random_eagerly_on_cpu
 
 from .baselines import gold_logprobs
 from .measure import peak_memory_bytes, time_interleaved

@@ -7,16 +7,14 @@ correlation is over the token types eligible in both reports. Writes comparison.
     python -m twotower.evaluation.compare outputs/seed1-report outputs/seed2-report --output_dir outputs/seed1-vs-seed2
 """
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
 from twotower.training.utils.atomic import write_text_atomically
-from twotower.training.utils.cli import run
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.utils.options import command_name
 
 from .scoring.report import eligible_preferences, load_report, plot_preference_comparison
 from .tower_preference.comparisons import compare_preferences
@@ -62,7 +60,7 @@ def compare_reports(first_report_dir, second_report_dir, output_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=command_name(), description=__doc__.strip().splitlines()[0])
+    parser = CommandParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("first_report_dir", help="a report folder written by twotower.evaluation.scoring.score")
     parser.add_argument("second_report_dir", help="the report folder to compare it with")
     parser.add_argument("--output_dir", required=True, help="folder for comparison.json and comparison.png")

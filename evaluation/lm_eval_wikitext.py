@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
 
 TASK_NAME = "wikitext2_local"
@@ -71,7 +72,7 @@ def write_wikitext_task(wikitext_dir: str, output_dir: str, split: str = "test",
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wikitext_dir", required=True, help="folder with WikiText-2's train/valid/test.txt")
     parser.add_argument("--output_dir", required=True, help="where the task folder is written (--include_path)")
     parser.add_argument("--split", default="test", choices=["train", "valid", "test"])
@@ -82,6 +83,4 @@ def main():
 
 
 if __name__ == "__main__":
-    from twotower.training.utils.cli import run
-
     run(lambda argv: main())  # main reads sys.argv, which run leaves without --debug

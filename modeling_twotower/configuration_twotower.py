@@ -1,9 +1,9 @@
 """Configuration of the two-tower language model (He & Toyoizumi, arXiv 2210.07041)."""
 
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 from transformers.utils import logging
 
+from .config_checks import INITIALIZATIONS, LAYOUTS, PROBE_TYPES, TOWER_TYPES, check_combinations, check_fields
 from .towers import TOWER_KINDS
 
 logger = logging.get_logger(__name__)
@@ -42,10 +42,6 @@ PRESETS = {
         initialization="reference",
     ),
 }  # fmt: skip
-LAYOUTS = ("bert", "gpt", "elmo")
-INITIALIZATIONS = ("normal", "reference")
-TOWER_TYPES = tuple(TOWER_KINDS)  # the registered tower kinds (towers.py)
-PROBE_TYPES = ("mlp", "linear")
 
 
 class TwoTowerConfig(PretrainedConfig):
@@ -131,80 +127,63 @@ class TwoTowerConfig(PretrainedConfig):
     model_type = "twotower-pkg"
     keys_to_ignore_at_inference = ["cache"]
 
-    # An explicit __init__, not the dataclass fields of newer transformers configs: transformers 5.0 has no
-    # dataclass configs, and this file runs as Hub code under every transformers 5.x that setup.py allows.
-    def __init__(
-        self,
-        vocab_size: int = 30528,  # bert-base-uncased's 30522, padded up to a multiple of 64
-        hidden_size: int = 384,  # width of one tower (h); the shared embedding is num_towers * h wide
-        num_hidden_layers: int = 12,  # layers per tower
-        num_attention_heads: int = 12,  # heads per tower
-        intermediate_size: int = 1536,  # MLP width of one tower
-        num_towers: int = 2,  # 2 in the paper; 3 or more also work
-        embedding_size: int | None = None,  # shared embedding and tied decoder width (None: the layout's, see above)
-        layout: str = "bert",  # bert | gpt | elmo: the reference code's variant (see above)
-        tower_type: str | None = None,  # a kind of towers.py: transformer | lstm | ssm (None: the layout's first)
-        lstm_hidden_size: int | None = None,  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
-        bidirectional: bool | None = None,  # None: set by the model class (causal LM: False, masked LM: True)
-        cooperative: bool = True,  # False: the independent-towers control (own LM head and loss per tower)
-        separate_embeddings: bool = False,  # bert layout: each tower reads its own slice of the embedding (see above)
-        tower_heads: bool = False,  # cooperative: each tower also has its own LM head and loss (see above)
-        joint_gradient: bool = True,  # False (with tower_heads): the joint loss does not train the towers (see above)
-        sparse_prediction: bool = False,  # masked LM given labels: head and loss on the labelled positions only
-        probe_replicas: int = 1,  # probes per tower, each with its own initial weights (replica-level statistics)
-        probe_type: str = "mlp",  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
-        probe_training_steps: int | None = None,  # set by the probe phase before it saves; None: probes never trained
-        hidden_act: str = "gelu",  # any key of transformers.activations.ACT2FN
-        max_position_embeddings: int = 128,  # the paper's context length
-        hidden_dropout: float = 0.1,  # embeddings, residual branches and fusion head
-        attention_dropout: float = 0.1,
-        layer_norm_eps: float = 1e-12,  # BERT's value, as in the reference code
-        initializer_range: float = 0.02,
-        initialization: str = "normal",  # normal | reference: how new weights are drawn (see above)
-        use_cache: bool = True,
-        tie_word_embeddings: bool = True,  # the decoder is tied to the shared input embedding
-        pad_token_id: int | None = None,
-        bos_token_id: int | None = None,
-        eos_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.intermediate_size = intermediate_size
-        self.num_towers = num_towers
-        self.embedding_size = embedding_size
-        self.layout = layout
-        self.tower_type = tower_type
-        self.lstm_hidden_size = lstm_hidden_size
-        self.bidirectional = bidirectional
-        self.cooperative = cooperative
-        self.separate_embeddings = separate_embeddings
-        self.tower_heads = tower_heads
-        self.joint_gradient = joint_gradient
-        self.sparse_prediction = sparse_prediction
-        self.probe_replicas = probe_replicas
-        self.probe_type = probe_type
-        self.probe_training_steps = probe_training_steps
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.hidden_dropout = hidden_dropout
-        self.attention_dropout = attention_dropout
-        self.layer_norm_eps = layer_norm_eps
-        self.initializer_range = initializer_range
-        self.initialization = initialization
-        self.use_cache = use_cache
-        self._validate_architecture()
-        if not cooperative:
-            tie_word_embeddings = False  # the control has per-tower LM heads, nothing to tie
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+    # Fields with their defaults, as transformers 5's configs declare them (the base class makes them dataclass
+    # fields); the defaults that read other fields are set by __post_init__.
+    vocab_size: int = 30528  # bert-base-uncased's 30522, padded up to a multiple of 64
+    hidden_size: int = 384  # width of one tower (h); the shared embedding is num_towers * h wide
+    num_hidden_layers: int = 12  # layers per tower
+    num_attention_heads: int = 12  # heads per tower
+    intermediate_size: int = 1536  # MLP width of one tower
+    num_towers: int = 2  # 2 in the paper; 3 or more also work
+    embedding_size: int | None = None  # shared embedding and tied decoder width (None: the layout's, see above)
+    layout: str = "bert"  # bert | gpt | elmo: the reference code's variant (see above)
+    tower_type: str | None = None  # a kind of towers.py: transformer | lstm | ssm (None: the layout's first)
+    lstm_hidden_size: int | None = None  # LSTM cells (None: 4 * hidden_size); bert layout: >= hidden_size
+    bidirectional: bool | None = None  # None: set by the model class (causal LM: False, masked LM: True)
+    cooperative: bool = True  # False: the independent-towers control (own LM head and loss per tower)
+    separate_embeddings: bool = False  # bert layout: each tower reads its own slice of the embedding (see above)
+    tower_heads: bool = False  # cooperative: each tower also has its own LM head and loss (see above)
+    joint_gradient: bool = True  # False (with tower_heads): the joint loss does not train the towers (see above)
+    sparse_prediction: bool = False  # masked LM given labels: head and loss on the labelled positions only
+    probe_replicas: int = 1  # probes per tower, each with its own initial weights (replica-level statistics)
+    probe_type: str = "mlp"  # mlp (the paper's: Linear, GELU, LayerNorm, Linear) | linear (softmax regression)
+    probe_training_steps: int | None = None  # set by the probe phase before it saves; None: probes never trained
+    hidden_act: str = "gelu"  # any key of transformers.activations.ACT2FN
+    max_position_embeddings: int = 128  # the paper's context length
+    hidden_dropout: float = 0.1  # embeddings, residual branches and fusion head
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12  # BERT's value, as in the reference code
+    initializer_range: float = 0.02
+    initialization: str = "normal"  # normal | reference: how new weights are drawn (see above)
+    use_cache: bool = True  # kinds without a key/value cache set it False (generation recomputes the prefix)
+    tie_word_embeddings: bool = True  # the decoder is tied to the shared input embedding (not in the control)
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        check_fields(self)
+        if self.tower_type is None:
+            self.tower_type = next(name for name, kind in TOWER_KINDS.items() if self.layout in kind.layouts)
+        if self.embedding_size is None:
+            self.embedding_size = self.layout_embedding_size()[1]
+        kind = TOWER_KINDS[self.tower_type]
+        if self.lstm_hidden_size is None and "lstm_hidden_size" in kind.size_fields:
+            self.lstm_hidden_size = 4 * self.hidden_size
+        if not kind.has_cache:
+            self.use_cache = False
+        if not self.cooperative:
+            self.tie_word_embeddings = False  # the control has per-tower LM heads, nothing to tie
+        super().__post_init__(**kwargs)
+        check_combinations(self)
+
+    def layout_embedding_size(self) -> tuple[str, int]:
+        """The shared embedding's width when `embedding_size` is None, by layout: (the rule in words, its value)."""
+        return {
+            "bert": ("num_towers * hidden_size", self.fused_hidden_size),
+            "gpt": ("hidden_size", self.hidden_size),
+            "elmo": ("num_towers * hidden_size // 2", self.fused_hidden_size // 2),
+        }[self.layout]
 
     @property
     def fused_hidden_size(self) -> int:
@@ -240,129 +219,6 @@ class TwoTowerConfig(PretrainedConfig):
                 "had the 'bert' layout, so it loads as layout='bert'."
             )
         return super().from_dict(config_dict, **kwargs)
-
-    def _validate_architecture(self):
-        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-        for field in (*positive, "max_position_embeddings"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
-        if not isinstance(self.num_towers, int) or self.num_towers < 2:
-            raise ValueError(
-                f"`num_towers` must be an integer >= 2 (a two-tower model needs at least two towers), "
-                f"got {self.num_towers!r}."
-            )
-        self._validate_layout()
-        kind = TOWER_KINDS[self.tower_type]
-        if kind.has_attention and self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
-                f"({self.num_attention_heads}); change one of them, e.g. hidden_size="
-                f"{self.num_attention_heads * max(1, round(self.hidden_size / self.num_attention_heads))}."
-            )
-        if not kind.has_cache:
-            self.use_cache = False  # no key/value cache: generation recomputes the prefix at every step
-        if "lstm_hidden_size" in kind.size_fields:
-            self._validate_lstm()
-        elif self.lstm_hidden_size is not None:
-            kinds = " or ".join(f"tower_type={name!r}" for name, other in TOWER_KINDS.items()
-                                if "lstm_hidden_size" in other.size_fields)  # fmt: skip
-            sizes = ", ".join(f"`{field}`" for field in ("hidden_size", *kind.size_fields))
-            raise ValueError(
-                f"`lstm_hidden_size`={self.lstm_hidden_size} only applies to {kinds}; drop it ({self.tower_type} "
-                f"towers are sized by {sizes})."
-            )
-        if self.tower_heads and not self.cooperative:
-            raise ValueError(
-                "`tower_heads` gives a cooperative model's towers heads of their own; the independent-towers control "
-                "(cooperative=False) has them already: drop tower_heads."
-            )
-        if not self.joint_gradient and not self.tower_heads:
-            raise ValueError(
-                "joint_gradient=False stops the joint loss at the towers, which would then learn nothing: set "
-                "tower_heads=True so that each tower trains on a loss of its own."
-            )
-        if self.initialization not in INITIALIZATIONS:
-            raise ValueError(f"Unknown `initialization` {self.initialization!r}; use one of {list(INITIALIZATIONS)}.")
-        if not isinstance(self.probe_replicas, int) or self.probe_replicas < 1:
-            raise ValueError(
-                f"`probe_replicas` must be a positive integer (probes per tower), got {self.probe_replicas!r}."
-            )
-        if self.probe_type not in PROBE_TYPES:
-            raise ValueError(f"Unknown `probe_type` {self.probe_type!r}; use one of {list(PROBE_TYPES)}.")
-        if self.hidden_act not in ACT2FN:
-            raise ValueError(f"Unknown `hidden_act` {self.hidden_act!r}; use one of {sorted(ACT2FN)}.")
-        for field in ("hidden_dropout", "attention_dropout"):
-            value = getattr(self, field)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"`{field}` must be in [0, 1), got {value!r}.")
-
-    def _validate_layout(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(
-                f"Unknown `layout` {self.layout!r}; use one of {list(LAYOUTS)} (a config written by a newer version "
-                f"of twotower needs that version)."
-            )
-        layout_kinds = [name for name, kind in TOWER_KINDS.items() if self.layout in kind.layouts]
-        if self.tower_type is None:
-            self.tower_type = layout_kinds[0]
-        if self.tower_type not in TOWER_KINDS:
-            raise ValueError(f"Unknown `tower_type` {self.tower_type!r}; use one of {list(TOWER_KINDS)}.")
-        kind = TOWER_KINDS[self.tower_type]
-        if self.layout not in kind.layouts:
-            raise ValueError(
-                f"layout={self.layout!r} has {' or '.join(layout_kinds)} towers, not tower_type={self.tower_type!r}; "
-                f"drop `tower_type`, or use a layout of {self.tower_type} towers: {list(kind.layouts)}."
-            )
-        if self.layout == "elmo" and self.hidden_size % 2 != 0:
-            raise ValueError(
-                f"layout='elmo': `hidden_size` ({self.hidden_size}) is one tower's width, a forward and a backward "
-                f"LM of hidden_size // 2 each; use an even hidden_size, e.g. {self.hidden_size + 1}."
-            )
-        stack = kind.stack_class(self.layout)
-        if self.bidirectional is not None and self.bidirectional not in stack.directions:
-            raise ValueError(
-                f"layout={self.layout!r} has {stack.card_names[stack.directions[0]]} towers only, not "
-                f"bidirectional={self.bidirectional}: use "
-                f"{'TwoTowerForCausalLM' if self.bidirectional else 'TwoTowerForMaskedLM'}, or for "
-                f"{'bidirectional' if self.bidirectional else 'causal'} {self.tower_type} towers a layout of "
-                f"{[layout for layout in kind.layouts if self.bidirectional in kind.stack_class(layout).directions]}."
-            )
-        default_embedding_size = {
-            "bert": ("num_towers * hidden_size", self.fused_hidden_size),
-            "gpt": ("hidden_size", self.hidden_size),
-            "elmo": ("num_towers * hidden_size // 2", self.fused_hidden_size // 2),
-        }[self.layout]
-        if self.embedding_size is None:
-            self.embedding_size = default_embedding_size[1]
-        if not isinstance(self.embedding_size, int) or self.embedding_size <= 0:
-            raise ValueError(
-                f"`embedding_size` must be a positive integer (or None for {default_embedding_size[0]} = "
-                f"{default_embedding_size[1]}), got {self.embedding_size!r}."
-            )
-        if self.separate_embeddings and (self.layout != "bert" or self.embedding_size % self.num_towers):
-            raise ValueError(
-                f"`separate_embeddings` gives each tower an equal slice of the bert layout's embedding; layout="
-                f"{self.layout!r} with embedding_size={self.embedding_size} and num_towers={self.num_towers} has "
-                "none: use layout='bert' and an embedding_size divisible by num_towers."
-            )
-        if self.layout == "gpt" and self.embedding_size != self.hidden_size:
-            raise ValueError(
-                f"layout='gpt' feeds the shared embedding to every tower unprojected, so `embedding_size` must equal "
-                f"hidden_size ({self.hidden_size}), got {self.embedding_size}; drop it, or use layout='bert' for a "
-                f"projected embedding."
-            )
-
-    def _validate_lstm(self):
-        self.lstm_hidden_size = 4 * self.hidden_size if self.lstm_hidden_size is None else self.lstm_hidden_size
-        if not isinstance(self.lstm_hidden_size, int) or self.lstm_hidden_size <= 0:
-            raise ValueError(f"`lstm_hidden_size` must be a positive integer, got {self.lstm_hidden_size!r}.")
-        if self.layout == "bert" and self.lstm_hidden_size < self.hidden_size:
-            raise ValueError(
-                f"`lstm_hidden_size` ({self.lstm_hidden_size}) is smaller than `hidden_size` ({self.hidden_size}): "
-                f"LSTM cells are projected down to the tower width, never up; use lstm_hidden_size >= "
-                f"{self.hidden_size} (equal: no projection)."
-            )
 
 
 __all__ = ["TwoTowerConfig", "PRESETS", "INITIALIZATIONS", "LAYOUTS", "PROBE_TYPES", "TOWER_TYPES"]

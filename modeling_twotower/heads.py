@@ -24,7 +24,33 @@ def keep_positions(states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> 
     return states[..., -logits_to_keep:, :] if logits_to_keep > 0 else states
 
 
-class TwoTowerFusionHead(nn.Module):
+class TwoTowerLMHead(nn.Module):
+    """
+    How a model's `lm_head` is called, whichever it is: (logits, loss) of the base model's output. A head defines
+    `logits` (of the kept positions, for generation) and `logits_and_loss` (of every position, given targets).
+    """
+
+    def forward(
+        self,
+        fused_hidden_states: torch.Tensor,
+        target_ids: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        skip_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """
+        Logits [batch, kept positions, vocab] from fused_hidden_states [batch, seq, towers * hidden], and with
+        `target_ids` (the label each position predicts, -100 for none) the loss: a token mean, or a sum divided by
+        `num_items_in_batch`. `skip_logits` (with `target_ids`): the loss alone and no logits (None), a training
+        step's fastest path.
+        """
+        if target_ids is None:  # the vocabulary projection of the kept positions only
+            return self.logits(keep_positions(fused_hidden_states, logits_to_keep)), None
+        logits, loss = self.logits_and_loss(fused_hidden_states, target_ids, num_items_in_batch, skip_logits)
+        return (None if skip_logits else keep_positions(logits, logits_to_keep)), loss
+
+
+class TwoTowerFusionHead(TwoTowerLMHead):
     """
     The paper's head, which joins the towers: the normalized concatenation (the base model's `fusion`) ->
     Linear + activation -> LayerNorm -> decoder tied to the shared embedding, plus an output bias. The Linear
@@ -43,21 +69,13 @@ class TwoTowerFusionHead(nn.Module):
         # [towers, batch, seq, hidden] -> [batch, seq, vocab]
         return self.decoder(self.norm(self.act_fn(self.dense(concat_towers(features)))))
 
-    def forward(
-        self,
-        fused_hidden_states: torch.Tensor,
-        target_ids: torch.LongTensor | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        num_items_in_batch: torch.Tensor | int | None = None,
-        skip_logits: bool = False,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """
-        Logits [batch, kept positions, vocab] from fused_hidden_states [batch, seq, towers * hidden], and with
-        `target_ids` (the label each position predicts, -100 for none) the token-mean cross-entropy, or its sum
-        divided by `num_items_in_batch`. `skip_logits` (with `target_ids`): the loss alone, from the decoder's
-        input by `linear_cross_entropy`, and no logits (None): a training step's fastest path.
-        """
-        fused_hidden_states = keep_positions(fused_hidden_states, logits_to_keep)
+    def logits(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
+        # [batch, seq, towers * hidden] -> [batch, seq, vocab]
+        return self.decoder(self.norm(self.act_fn(self.dense(fused_hidden_states))))
+
+    def logits_and_loss(self, fused_hidden_states, target_ids, num_items_in_batch, skip_logits: bool):
+        """The logits and the token-mean cross-entropy; with `skip_logits`, the loss alone, from the decoder's input
+        by `linear_cross_entropy`."""
         decoder_inputs = self.norm(self.act_fn(self.dense(fused_hidden_states)))
         if skip_logits:
             loss = linear_cross_entropy(
@@ -65,15 +83,12 @@ class TwoTowerFusionHead(nn.Module):
             )
             return None, loss
         logits = self.decoder(decoder_inputs)
-        loss = None
-        if target_ids is not None:  # in float32, as transformers' own LM losses
-            loss = fixed_cross_entropy(
-                logits.float().view(-1, self.vocab_size), target_ids.reshape(-1), num_items_in_batch
-            )
+        # in float32, as transformers' own LM losses
+        loss = fixed_cross_entropy(logits.float().view(-1, self.vocab_size), target_ids.reshape(-1), num_items_in_batch)
         return logits, loss
 
 
-class TwoTowerIndependentHeads(nn.Module):
+class TwoTowerIndependentHeads(TwoTowerLMHead):
     """
     The independent-towers control (`cooperative=False`): each tower has its own LM head (probe-shaped: Linear,
     activation, LayerNorm, decoder; untied) and its own loss, the losses summed. The logits are the towers'
@@ -112,26 +127,15 @@ class TwoTowerIndependentHeads(nn.Module):
         num_items = num_items_in_batch if num_items_in_batch is not None else (~ignored).sum()
         return -gold_logprobs.sum() / num_items
 
-    def forward(
-        self,
-        fused_hidden_states: torch.Tensor,
-        target_ids: torch.LongTensor | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        num_items_in_batch: torch.Tensor | int | None = None,
-        skip_logits: bool = False,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """As `TwoTowerFusionHead.forward`; the loss is the sum over towers of each tower's own loss."""
-        # One vocabulary projection serves the loss (every position) and the mixture logits (the kept ones).
-        if target_ids is None:
-            fused_hidden_states = keep_positions(fused_hidden_states, logits_to_keep)
+    def logits(self, fused_hidden_states: torch.Tensor) -> torch.Tensor:
+        # [batch, seq, towers * hidden] -> [batch, seq, vocab]
+        return self.joint_logits(split_towers(fused_hidden_states, self.num_towers))
+
+    def logits_and_loss(self, fused_hidden_states, target_ids, num_items_in_batch, skip_logits: bool):
+        """The mixture's logits and the sum over towers of each tower's own loss, from one vocabulary projection."""
         tower_logprobs = self.tower_logprobs(split_towers(fused_hidden_states, self.num_towers))
-        loss = None
-        if target_ids is not None:
-            loss = self.loss(tower_logprobs, target_ids, num_items_in_batch)
-            if skip_logits:
-                return None, loss
-            tower_logprobs = keep_positions(tower_logprobs, logits_to_keep)
-        return self.mixture(tower_logprobs), loss
+        loss = self.loss(tower_logprobs, target_ids, num_items_in_batch)
+        return (None if skip_logits else self.mixture(tower_logprobs)), loss
 
 
 class TwoTowerTowerHeads(nn.Module):
@@ -167,4 +171,4 @@ class TwoTowerTowerHeads(nn.Module):
         )
 
 
-__all__ = ["TwoTowerFusionHead", "TwoTowerIndependentHeads", "TwoTowerTowerHeads", "keep_positions"]
+__all__ = ["TwoTowerLMHead", "TwoTowerFusionHead", "TwoTowerIndependentHeads", "TwoTowerTowerHeads", "keep_positions"]

@@ -38,7 +38,7 @@ from .configuration_twotower import TwoTowerConfig
 from .embeddings import tower_embeddings
 from .fusion import tower_fusion
 from .heads import TwoTowerFusionHead, TwoTowerIndependentHeads, TwoTowerTowerHeads
-from .input_checks import check_label_values, check_labels, check_inputs, check_skip_logits, warn_if_no_target
+from .input_checks import check_labels, check_inputs, check_skip_logits, warn_if_no_target
 from .probes import TwoTowerProbes
 from .reference_initialization import init_reference_weights
 from .token_scoring import TwoTowerTokenScoring
@@ -260,8 +260,13 @@ class TwoTowerLMHeadModel(TwoTowerTokenScoring, TwoTowerPreTrainedModel):
             tower_loss=tower_loss,
         )
 
-    def _needs_tower_states(self, labels, output_tower_hidden_states: bool) -> bool:
-        return output_tower_hidden_states or (self.tower_heads is not None and labels is not None)
+    def _checked_model_outputs(self, labels, skip_logits: bool, output_tower_hidden_states: bool, **model_inputs):
+        # a forward's pass of the base model, after the checks of its labels; with the towers' own states where the
+        # caller or the tower heads' loss needs them
+        check_labels(self.config, model_inputs.get("input_ids"), model_inputs.get("inputs_embeds"), labels)
+        check_skip_logits(skip_logits, labels)
+        needs_tower_states = output_tower_hidden_states or (self.tower_heads is not None and labels is not None)
+        return self.model(**model_inputs, output_tower_hidden_states=needs_tower_states, return_dict=True)
 
     def joint_logits(self, features: torch.Tensor) -> torch.Tensor:
         """
@@ -368,19 +373,10 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
         (torch.Size([1, 4, 128]), torch.Size([2, 1, 4, 64]))
         ```
         """
-        check_labels(self.config, input_ids, inputs_embeds, labels)
-        check_skip_logits(skip_logits, labels)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_tower_hidden_states=self._needs_tower_states(labels, output_tower_hidden_states),
-            return_dict=True,
+        outputs = self._checked_model_outputs(
+            labels, skip_logits, output_tower_hidden_states, input_ids=input_ids, attention_mask=attention_mask,
+            position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         target_ids = None if labels is None else _next_token_targets(labels)
         num_items_in_batch = kwargs.get("num_items_in_batch")
@@ -390,35 +386,6 @@ class TwoTowerForCausalLM(TwoTowerLMHeadModel, GenerationMixin):
             outputs.last_hidden_state, target_ids, logits_to_keep, num_items_in_batch, skip_logits
         )
         return self.lm_output(outputs, logits, loss, target_ids, num_items_in_batch, output_tower_hidden_states)
-
-    def probe_logprobs(
-        self,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        chunk_size: int | None = None,
-        features: torch.Tensor | None = None,
-        all_replicas: bool = False,
-    ) -> torch.Tensor:
-        """
-        Each tower's probe log-probability of the next token, [num_towers, batch, seq - 1], float32.
-
-        Entry [i, b, t] is log p_probe_i(labels[b, t + 1] | tokens <= t). `labels` default to `input_ids`;
-        entries whose target is -100 (or padding, where `attention_mask` is 0) are 0.0. The vocabulary
-        projection is chunked (see `TwoTowerProbes.forward`), so memory stays bounded on long inputs.
-        `features`: `probe_features(input_ids, attention_mask)` if already computed (probe sets on one frozen
-        model share it). With `config.probe_replicas` > 1 a tower's entry is the mean over its replicas;
-        `all_replicas=True` returns every replica, [num_towers, probe_replicas, batch, seq - 1].
-        """
-        labels = input_ids if labels is None else labels
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
-        check_label_values(labels, self.config.vocab_size)  # as forward does: the probes gather at these ids
-        targets = labels[:, 1:]
-        if attention_mask is not None:
-            targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
-        features = self._checked_probe_features(input_ids, attention_mask, features)[:, :, :-1]
-        return self.probes.per_tower(self.probes(features, targets, chunk_size=chunk_size), all_replicas)
 
 
 def _local_folder(pretrained_model_name_or_path, from_pretrained_kwargs: dict) -> Path | None:
@@ -466,18 +433,10 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         skip_logits (`bool`, *optional*, defaults to `False`):
             With `labels`: the loss alone, as in `TwoTowerForCausalLM.forward`.
         """
-        check_labels(self.config, input_ids, inputs_embeds, labels)
-        check_skip_logits(skip_logits, labels)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            output_tower_hidden_states=self._needs_tower_states(labels, output_tower_hidden_states),
-            return_dict=True,
+        outputs = self._checked_model_outputs(
+            labels, skip_logits, output_tower_hidden_states, input_ids=input_ids, attention_mask=attention_mask,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, use_cache=False,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
         )
         hidden_states, head_labels = outputs.last_hidden_state, labels
         num_items_in_batch = kwargs.get("num_items_in_batch")
@@ -492,38 +451,6 @@ class TwoTowerForMaskedLM(TwoTowerLMHeadModel):
         if self.config.sparse_prediction and logits is not None and labels is not None:
             logits = logits[0]  # [labelled positions, vocab]
         return self.lm_output(outputs, logits, loss, labels, num_items_in_batch, output_tower_hidden_states)
-
-    def probe_logprobs(
-        self,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        chunk_size: int | None = None,
-        features: torch.Tensor | None = None,
-        all_replicas: bool = False,
-    ) -> torch.Tensor:
-        """
-        Each tower's probe log-probability of the original token at every labelled position, [num_towers,
-        batch, seq].
-
-        `input_ids` hold the masked sequence and `labels` the original ids at masked positions (-100
-        elsewhere); unlabelled and padding positions give 0.0. `features`: `probe_features(input_ids,
-        attention_mask)` if already computed (probe sets on one frozen model share it). With
-        `config.probe_replicas` > 1 a tower's entry is the mean over its replicas; `all_replicas=True` returns
-        every replica, [num_towers, probe_replicas, batch, seq].
-        """
-        if labels is None:
-            raise ValueError(
-                "A masked LM's probes score masked positions: pass `labels` (original ids where input_ids hold the "
-                "mask token, -100 elsewhere)."
-            )
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"`labels` has shape {tuple(labels.shape)}, expected {tuple(input_ids.shape)}.")
-        check_label_values(labels, self.config.vocab_size)  # as forward does: the probes gather at these ids
-        if attention_mask is not None:
-            labels = labels.masked_fill(attention_mask == 0, -100)
-        features = self._checked_probe_features(input_ids, attention_mask, features)
-        return self.probes.per_tower(self.probes(features, labels, chunk_size=chunk_size), all_replicas)
 
     def generate(self, *args, **kwargs):
         raise TypeError(

@@ -1,10 +1,11 @@
 """
-Which position predicts which target, and the joint model's scores there: the part of the two-tower LMs that scoring,
-the mean ablation, probe-phase validation and the Space share, so that nobody outside re-derives the shift.
+Which position predicts which target, and the probes' and the joint model's scores there: the part of the two-tower
+LMs that scoring, the mean ablation, probe-phase validation and the Space share, so that nobody outside re-derives
+the shift.
 
 `TwoTowerTokenScoring` is mixed into the LM classes (modeling_twotower.py), which set `target_shift` (position t
-predicts token t + target_shift: 1 for the causal LM, 0 for the masked LM) and provide `probe_features` and
-`joint_logits`.
+predicts token t + target_shift: 1 for the causal LM, 0 for the masked LM) and provide `probes`, `probe_features`
+and `joint_logits`.
 """
 
 import torch
@@ -14,7 +15,7 @@ from .input_checks import check_label_values, check_probe_features
 
 
 class TwoTowerTokenScoring:
-    """Position alignment and the joint model's log-probabilities and ablation increases at the scored positions."""
+    """Position alignment, and the probes' and the joint model's log-probabilities and ablation increases there."""
 
     def prediction_targets(self, labels: torch.LongTensor) -> torch.LongTensor:
         """The labels aligned with the positions that predict them, [batch, seq - target_shift]; -100: none."""
@@ -32,6 +33,31 @@ class TwoTowerTokenScoring:
         targets = self.prediction_targets(labels)
         scored = targets != -100
         return self.predicting_positions(features, seq_dim=2)[:, scored], targets[scored]
+
+    def probe_logprobs(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        chunk_size: int | None = None,
+        features: torch.Tensor | None = None,
+        all_replicas: bool = False,
+    ) -> torch.Tensor:
+        """
+        Each tower's probe log-probability of every target, float32: [num_towers, batch, seq - 1] for the causal LM,
+        where entry [i, b, t] is log p_probe_i(labels[b, t + 1] | tokens <= t) and `labels` default to `input_ids`;
+        [num_towers, batch, seq] for the masked LM, where `input_ids` hold the masked sequence and `labels` the
+        original ids at masked positions (-100 elsewhere). Unlabelled and padding positions give 0.0. The
+        vocabulary projection is chunked (see `TwoTowerProbes.forward`), so memory stays bounded on long inputs.
+        `features`: `probe_features(input_ids, attention_mask)` if already computed (probe sets on one frozen model
+        share it). With `config.probe_replicas` > 1 a tower's entry is the mean over its replicas;
+        `all_replicas=True` returns every replica, [num_towers, probe_replicas, batch, seq - target_shift].
+        """
+        labels = self._checked_labels(input_ids, attention_mask, labels)
+        features = self._checked_probe_features(input_ids, attention_mask, features)
+        predicting = self.predicting_positions(features, seq_dim=2)
+        logprobs = self.probes(predicting, self.prediction_targets(labels), chunk_size=chunk_size)
+        return self.probes.per_tower(logprobs, all_replicas)
 
     def joint_logprobs(
         self,

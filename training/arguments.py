@@ -19,12 +19,12 @@ from modeling_twotower.configuration_twotower import (
 
 from .hub import check_repo_id
 from .utils.atomic import write_text_atomically
-from .data import BLOCK_FORMATS
+from .data.blocks import BLOCK_FORMATS
 from .utils.errors import TwoTowerUserError
 from .utils.options import Bounds, OptionsParser, above, at_least, check_ranges, check_types_and_choices, closest_name
 from .utils.options import convert_values, option
 from .utils.recipe_files import RECIPE_SUFFIXES, read_recipe_file
-from .objectives import OBJECTIVES
+from .data.objectives import OBJECTIVES
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 PHASES = ("pretrain", "probe")

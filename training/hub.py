@@ -84,21 +84,9 @@ def check_hub_token(option: str = "--push_to_hub", offline_fix: str = "upload on
         )
 
 
-def push_to_hub(
-    folder: str | os.PathLike,
-    repo_id: str,
-    *,
-    repo_type: str = "model",
-    private: bool = False,
-    revision: str = "main",
-    commit_message: str = "Upload two-tower model",
-    space_sdk: str | None = None,
-) -> str:
-    """create_repo (+ create_branch for a revision other than main) + upload_folder; returns the commit URL."""
-    return upload_parts(
-        repo_id, [{"folder_path": str(folder)}], repo_type=repo_type, private=private, revision=revision,
-        commit_message=commit_message, space_sdk=space_sdk,
-    )  # fmt: skip
+def push_to_hub(folder: str | os.PathLike, repo_id: str, **upload_options) -> str:
+    """`upload_parts` of one part, the whole `folder` (`upload_options`: its keywords); returns the commit URL."""
+    return upload_parts(repo_id, [{"folder_path": str(folder)}], **upload_options)
 
 
 def upload_parts(

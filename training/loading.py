@@ -12,7 +12,7 @@ from modeling_twotower.checkpoint_checks import check_weights_fit_config, loaded
 
 from .arguments import RESOLVED_CONFIG_NAME
 from .utils.errors import TwoTowerUserError
-from .objectives import objective_of
+from .data.objectives import objective_of
 
 MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}
 # the metric folder (evaluation/tower_preference) words the same refusal for itself: `evaluate.load` copies it alone

@@ -32,7 +32,6 @@ Two nodes with 8 GPUs each: run on both machines, --machine_rank 0 on the first 
         -m twotower.training.train --recipe base --mixed_precision bf16 --output_dir /shared/outputs/base
 """
 
-import argparse
 import json
 import sys
 import time
@@ -44,19 +43,20 @@ from accelerate.utils import ProjectConfiguration
 from tqdm.auto import tqdm
 
 from .arguments import TwoTowerTrainingConfig, load_config
-from .checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
-from .compilation import draw_random_eagerly_on_cpu
+from .checkpoints.checkpointing import FINAL_MODEL_DIR, is_finished, read_progress, save_checkpoint, save_final_model
+from .launch.compilation import draw_random_eagerly_on_cpu
+from .utils.cli import CommandParser, run
 from .utils.collective import end_processes, on_main_process
-from .early_stopping import EarlyStopping
+from .run.early_stopping import EarlyStopping
 from .hub import check_hub_target, push_to_hub
-from .launch_checks import check_launch, resolve_mixed_precision
-from .library_notices import quiet_inapplicable_notices
+from .launch.launch_checks import check_launch, resolve_mixed_precision
+from .launch.library_notices import quiet_inapplicable_notices
 from .phases import make_phase, trained_state_dict
-from .run_folder import EVAL_HISTORY, RUNS_DIR, locked_output_dir, start_or_resume
-from .run_setup import TrainingRun, prepare_run
-from .throughput import throughput_metrics
-from .tokenizer import check_named_tokenizer
-from .validation import format_metrics
+from .run.run_folder import EVAL_HISTORY, RUNS_DIR, locked_output_dir, start_or_resume
+from .run.run_setup import TrainingRun, prepare_run
+from .launch.throughput import throughput_metrics
+from .data.tokenizer import check_named_tokenizer
+from .phases.validation import format_metrics
 
 
 def save_progress(run: TrainingRun, name: str, completed_steps: int, epoch: int, units_into_epoch: int) -> None:
@@ -308,13 +308,11 @@ def training_function(config: TwoTowerTrainingConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    recipe_parser = argparse.ArgumentParser(add_help=False)
+    recipe_parser = CommandParser(add_help=False)
     recipe_parser.add_argument("--recipe")
     recipe = recipe_parser.parse_known_args(argv)[0].recipe
     return training_function(load_config(recipe, argv))
 
 
 if __name__ == "__main__":
-    from .utils.cli import run
-
     run(main)

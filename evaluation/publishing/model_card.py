@@ -23,7 +23,7 @@ from ..scoring.report_files import PER_TOKEN_CSV, PREFERENCE_JSON, REPORT_MD
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
 from .model_folder import check_model_folder, count_parameters, find_pretrain_config, portable, read_yaml
 from .model_folder import safetensors_files, short_path
-from twotower.training.objectives import AUTO_CLASSES, needs_masking, objective_of
+from twotower.training.data.objectives import AUTO_CLASSES, needs_masking, objective_of
 from twotower.training.utils.markdown_escape import code_span, markdown_text, markdown_url
 
 MODEL_CARD_NAME = "model_card.md"

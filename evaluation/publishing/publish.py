@@ -30,15 +30,14 @@ import yaml
 from modeling_twotower import TwoTowerForCausalLM
 
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
-from twotower.training.utils.cli import run
-from twotower.training.utils.options import command_name
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
 from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
 from .model_card import DEFAULT_LICENSE, PRETRAIN_CONFIG_NAME, REPORT_DIR_IN_REPO, read_report, render_model_card
 from .model_folder import find_pretrain_config, local_paths, model_config_file, portable, read_json, read_yaml
 from .model_folder import short_path
-from twotower.training.tokenizer import LOADING_FLAGS
+from twotower.training.data.tokenizer import LOADING_FLAGS
 
 REPORT_SUFFIXES = (".json", ".png", ".md", ".csv", ".parquet", ".html")
 # The code save_pretrained copies into a model folder: the modeling module and the modules it imports
@@ -170,9 +169,7 @@ def publish_model(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog=command_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_dir", required=True, help="the `model` folder a training run saved")
     parser.add_argument("--repo_id", required=True, help="user/name of the Hub model repository")
     parser.add_argument("--output_dir", required=True, help="where the repository folder is staged")

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import modeling_twotower
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, upload_parts
-from twotower.training.utils.cli import run
-from twotower.training.utils.options import command_name
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
 from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
 
@@ -106,9 +105,7 @@ def publish_metric(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        prog=command_name(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", help=f"with --dry-run: the Space is staged into OUTPUT_DIR/{METRIC_NAME}")
     parser.add_argument("--repo_id", required=True, help=f"user/{METRIC_NAME}, the Space to create or update")
     add_upload_options(parser, "Space", "Upload the tower preference metric")

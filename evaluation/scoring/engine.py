@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from twotower.training.objectives import needs_masking, objective_of
+from twotower.training.data.objectives import needs_masking, objective_of
 
 from ..tower_preference.measures import PROBE_FREE_MEASURES, probe_free_measure
 from ..tower_preference.preference_stats import PreferenceAccumulator

@@ -8,7 +8,7 @@ Without spaCy and its English model the section is {"available": false, "install
 get it; everything else in the report is unchanged.
 """
 
-from twotower.training.data import load_raw_datasets
+from twotower.training.data.blocks import load_raw_datasets
 
 from .parts_of_speech_tagging import INSTALL_HINT, load_tagger, tag_lines, tagger_available
 from ..tower_preference.parts_of_speech import CONTENT_TAGS, FUNCTION_TAGS, parts_of_speech_summary

@@ -8,7 +8,7 @@ import functools
 import tempfile
 from pathlib import Path
 
-from twotower.training.run_folder import output_dir_lock
+from twotower.training.run.run_folder import output_dir_lock
 
 
 def report_folder_locked(score):

@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 from twotower.training.arguments import DataArguments
 from twotower.training.utils.cli import run
 from twotower.training.utils.options import Bounds, OptionsParser, at_least, check_options, option
-from twotower.training.data import (
+from twotower.training.data.blocks import (
     BLOCK_FORMATS,
     collate_blocks,
     load_raw_datasets,
@@ -48,9 +48,9 @@ from twotower.training.data import (
 )
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.loading import load_two_tower, read_training_config
-from twotower.training.objectives import needs_masking, objective_of
-from twotower.training.tokenizer import check_tokenizer_fits, load_tokenizer
-from twotower.training.validation import perplexity
+from twotower.training.data.objectives import needs_masking, objective_of
+from twotower.training.data.tokenizer import check_tokenizer_fits, load_tokenizer
+from twotower.training.phases.validation import perplexity
 
 from .ablation import ablation_summary
 from .cross_fitting import WIKITEXT_ARTICLE_HEADING, CrossFittedPreference, number_documents

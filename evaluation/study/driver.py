@@ -32,7 +32,6 @@ and OUTPUT_DIR/convergence/FAMILY-sSEED/pretrain: the convergence check of each 
 run `convergence_factor` times as long as the family's.
 """
 
-import argparse
 import dataclasses
 import gzip
 import json
@@ -47,12 +46,12 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from twotower.training.arguments import load_config
-from twotower.training.checkpointing import FINAL_MODEL_DIR, checkpoints_root
+from twotower.training.checkpoints.checkpointing import FINAL_MODEL_DIR, checkpoints_root
 from twotower.training.hub import check_hub_target, check_repo_id
 from twotower.training.loading import load_two_tower, load_two_tower_config, read_training_config
-from twotower.training.objectives import objective_of
-from twotower.training.run_folder import continuation_options, read_eval_history
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.data.objectives import objective_of
+from twotower.training.run.run_folder import continuation_options, read_eval_history
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 from twotower.training.utils import cli
 from twotower.training.utils.atomic import write_text_atomically
@@ -445,7 +444,7 @@ def scored_text_tags(study, data_dir, report_dir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = cli.CommandParser(
         prog="python -m twotower.evaluation.study", description=__doc__.strip().splitlines()[0]
     )
     parser.add_argument("--recipe", default="cpu", help="a study recipe name (evaluation/study/recipes) or YAML path")

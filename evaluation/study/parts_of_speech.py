@@ -30,7 +30,7 @@ import pandas as pd
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from twotower.training.data import load_raw_datasets
+from twotower.training.data.blocks import load_raw_datasets
 from twotower.training.utils.atomic import write_atomically
 
 from ..scoring.cross_fitting import CrossFittedPreference

@@ -12,14 +12,13 @@ writes docs/study/SUMMARY.md and the findings' figure (docs/study/findings.png: 
 command has redone a document.
 """
 
-import argparse
 import json
 import re
 from pathlib import Path
 
 from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.utils.options import command_name
 
 from ..scoring.formatting import markdown_table
 from ..scoring.report import template_environment
@@ -134,7 +133,7 @@ def summary_targets(study_dir: Path, repo_root: Path) -> dict[Path, str]:
 
 
 def main(argv=None) -> list[str]:
-    parser = argparse.ArgumentParser(prog=command_name(), description=__doc__.strip().splitlines()[0])
+    parser = CommandParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--study_dir", default="docs/study", help="the study's report folder (docs/study)")
     parser.add_argument("--repo_root", default=".", help="the folder holding README.md")
     parser.add_argument("--check", action="store_true", help="write nothing; fail if a target is out of date")
@@ -155,4 +154,4 @@ def main(argv=None) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

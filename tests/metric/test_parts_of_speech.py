@@ -245,7 +245,7 @@ def tags_by_spacy(lines, tokenizer, tagger):
 @pytest.mark.parametrize("vocabulary", ["gpt2", "bert-base-uncased"])
 def test_pieces_take_the_tag_of_the_word_they_lie_in(tagger, shared_data, vocabulary):
     from twotower.evaluation.scoring.parts_of_speech_tagging import UPOS_TAGS, tag_lines
-    from twotower.training.tokenizer import load_tokenizer
+    from twotower.training.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(shared_data / "tokenizers" / vocabulary))
     tags = tag_lines(TAGGED_LINES, tokenizer, tagger)
@@ -271,7 +271,7 @@ def test_pieces_take_the_tag_of_the_word_they_lie_in(tagger, shared_data, vocabu
 
 def test_long_lines_are_tagged_in_chunks(tagger, shared_data, monkeypatch):
     from twotower.evaluation.scoring import parts_of_speech_tagging
-    from twotower.training.tokenizer import load_tokenizer
+    from twotower.training.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(shared_data / "tokenizers" / "gpt2"))
     line = " ".join(TAGGED_LINES[0].split() * 4)

@@ -22,7 +22,7 @@ from twotower.evaluation.tower_preference.preference_stats import PreferenceAccu
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.evaluation.tower_preference.measures import PROBE_FREE_MEASURES
 from twotower.evaluation.tower_preference.token_view import TOWER_COLORS, render_token_view
-from twotower.training.tokenizer import train_bpe_tokenizer
+from twotower.training.data.tokenizer import train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 METRIC_DIR = REPO / "evaluation" / "tower_preference"

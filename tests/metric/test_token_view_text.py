@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tiny_two_tower
 from twotower.evaluation.scoring.score import score_model
-from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
+from twotower.training.data.tokenizer import padded_vocab_size, train_bpe_tokenizer
 
 MIXED_TEXT = (
     "“Où est‐il?” she asked — ‘naïve’ Zoë’s café, déjà vu.\n東京の春は美しい。 The cat 🐈 sat; 🙂 and 👍🏽 too.\n"

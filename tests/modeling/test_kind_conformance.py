@@ -32,9 +32,9 @@ from modeling_twotower.towers import TOWER_KINDS, tower_stack_class
 from twotower.evaluation.publishing.model_card import card_tower_name, render_model_card
 from twotower.evaluation.scoring.engine import score_blocks, scoring_passes
 from twotower.training.arguments import TwoTowerTrainingConfig, save_config
-from twotower.training.objectives import needs_masking
+from twotower.training.data.objectives import needs_masking
 from twotower.training.phases import make_phase
-from twotower.training.throughput import flops_per_token
+from twotower.training.launch.throughput import flops_per_token
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 MODEL_CLASSES = {"causal": TwoTowerForCausalLM, "masked": TwoTowerForMaskedLM}

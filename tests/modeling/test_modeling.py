@@ -1,22 +1,24 @@
 """TwoTowerConfig and TwoTowerForCausalLM: architecture, equivalences, generation, saving and loading."""
 
+import dataclasses
 import importlib
 import json
 import math
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 from torch.nn import functional as F
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, pipeline
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GPT2TokenizerFast, PretrainedConfig, pipeline
 
 import modeling_twotower
 from conftest import HANG_LIMIT_S, TINY_SIZES, tiny_two_tower
 from conftest import tiny_two_tower_config as tiny_config
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerModel
+from modeling_twotower.towers import TOWER_KINDS
+from test_version_ranges import version_range_script
 
 # The tiny model's odd sizes (conftest.TINY_SIZES): a mis-reshaped tensor fails loudly.
 BATCH, SEQ = 3, 7
@@ -79,6 +81,28 @@ def test_model_type_is_namespaced_and_config_round_trips(tmp_path):
     assert isinstance(loaded, TwoTowerConfig)
     assert {k: v for k, v in loaded.to_diff_dict().items() if k != "_name_or_path"} == config.to_diff_dict()
     assert loaded.num_towers == 3 and loaded.use_cache is True
+
+
+# every preset with each kind that builds its layout, in each direction the kind's stack has there
+PRESET_KINDS = [
+    pytest.param(preset, tower_type, bidirectional, id=f"{preset}-{tower_type}-{['causal', 'masked'][bidirectional]}")
+    for preset, fields in modeling_twotower.PRESETS.items()
+    for tower_type, kind in TOWER_KINDS.items()
+    if fields.get("layout", "bert") in kind.layouts
+    for bidirectional in kind.stack_class(fields.get("layout", "bert")).directions
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset, tower_type, bidirectional", PRESET_KINDS)
+def test_every_preset_and_kind_saves_its_declared_fields_and_loads_them_back(preset, tower_type, bidirectional):
+    config = TwoTowerConfig.from_preset(preset, tower_type=tower_type, bidirectional=bidirectional)
+    saved = config.to_dict()
+    # what is saved is the declared fields, the defaults that read other fields resolved, and the base class's keys
+    declared = {field.name for field in dataclasses.fields(TwoTowerConfig)}
+    assert set(saved) == declared | set(PretrainedConfig().to_dict())
+    assert None not in (saved["tower_type"], saved["embedding_size"])
+    for written in (saved, json.loads(config.to_json_string())):  # and config.json, which omits the base defaults
+        assert TwoTowerConfig.from_dict(written).to_dict() == saved
 
 
 @pytest.mark.parametrize(
@@ -501,37 +525,20 @@ def test_registration_tolerates_a_second_import():
 
 
 def test_loads_as_hub_custom_code_where_the_package_is_not_importable(tmp_path):
-    model = tiny_model(probe_replicas=2)
-    input_ids = random_ids()
-    model.save_pretrained(tmp_path / "model")
-    expected = {"logits": model(input_ids).logits, "probes": model.probe_logprobs(input_ids, all_replicas=True)}
-    torch.save({"input_ids": input_ids, **expected}, tmp_path / "expected.pt")
-    script = textwrap.dedent(
-        """
-        import sys
-        sys.modules["modeling_twotower"] = None  # the package must not be importable here
-        try:
-            import modeling_twotower
-        except ImportError:
-            pass
-        else:
-            raise SystemExit("modeling_twotower is importable")
-        import torch
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True)
-        expected = torch.load("expected.pt")
-        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-        assert torch.equal(model(expected["input_ids"]).logits, expected["logits"])
-        assert torch.equal(model.probe_logprobs(expected["input_ids"], all_replicas=True), expected["probes"])
-        print("remote code OK", type(model).__name__)
-        """
-    )
+    # scripts/version_range.py, as CI runs it at both ends of setup.py's ranges: a tiny model of every kind and
+    # objective saved here, then loaded with trust_remote_code=True in a process where the package cannot be
+    # imported, and its logits, generation, probe and joint log-probabilities and ablation increases compared
+    version_range = version_range_script()
+    version_range.save(tmp_path / "models")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "remote code OK TwoTowerForCausalLM" in result.stdout
+        [sys.executable, version_range.__file__, "load", "."], cwd=tmp_path / "models", env=env, capture_output=True,
+        text=True, timeout=HANG_LIMIT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    variants = version_range.variants()
+    assert {fields.get("tower_type") for _, fields in variants.values()} >= set(TOWER_KINDS)  # every kind saved
+    assert f"remote code: {len(variants)} of {len(variants)} variants passed" in result.stdout
 
 
 def test_loading_in_bfloat16(tmp_path):

@@ -17,7 +17,7 @@ from twotower.training.arguments import TwoTowerTrainingConfig
 from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.evaluation.publishing.model_folder import local_paths, portable, short_path
-from twotower.training.tokenizer import LOADING_FLAGS, load_tokenizer
+from twotower.training.data.tokenizer import LOADING_FLAGS, load_tokenizer
 from twotower.training.train import training_function
 
 FAKE_TOKEN = "hf_fakeTokenThatMustNeverBePrinted123"

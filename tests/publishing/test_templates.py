@@ -10,7 +10,7 @@ from twotower.evaluation import compute_preference
 from twotower.evaluation.scoring import report
 from twotower.evaluation.publishing.model_card import CARD_FUNCTIONS, model_card_template, phase_config
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.optimization import adamw_description
+from twotower.training.optim.optimization import adamw_description
 from twotower.training.phases import make_phase
 
 

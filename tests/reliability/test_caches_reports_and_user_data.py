@@ -21,11 +21,11 @@ from twotower.evaluation.scoring import score
 from twotower.evaluation.study import driver as study
 from twotower.evaluation.scoring.ablation import MeanAblation
 from twotower.evaluation.study.kept_files import check_kept_run, set_aside_if_damaged
-from twotower.training import run_setup
-from twotower.training import probe_cache
-from twotower.training.feature_cache_checks import ShardChanged, ShardWriter
-from twotower.training.run_folder import output_dir_lock, prepare_new_run
-from twotower.training.tokenizer import train_bpe_tokenizer
+from twotower.training.feature_cache import probe_cache
+from twotower.training.run import run_setup
+from twotower.training.feature_cache.feature_cache_checks import ShardChanged, ShardWriter
+from twotower.training.run.run_folder import output_dir_lock, prepare_new_run
+from twotower.training.data.tokenizer import train_bpe_tokenizer
 from twotower.training.train import training_function
 from twotower.training.utils import cli
 from twotower.training.utils.errors import TwoTowerUserError

@@ -35,11 +35,12 @@ from twotower.evaluation.study.kept_files import (  # noqa: E402
     check_kept_run, set_aside_damaged_table, set_aside_if_damaged,
 )
 from twotower.evaluation.study.parts_of_speech import type_tags_path  # noqa: E402
-from twotower.training import feature_cache_checks, probe_cache, train  # noqa: E402
+from twotower.training import train  # noqa: E402
+from twotower.training.feature_cache import feature_cache_checks, probe_cache  # noqa: E402
 from twotower.training.arguments import load_config  # noqa: E402
-from twotower.training.checkpointing import data_fingerprint  # noqa: E402
-from twotower.training.data import load_raw_datasets, resolve_text_files  # noqa: E402
-from twotower.training.feature_cache_checks import ShardChanged, ShardWriter  # noqa: E402
+from twotower.training.checkpoints.checkpointing import data_fingerprint  # noqa: E402
+from twotower.training.data.blocks import load_raw_datasets, resolve_text_files  # noqa: E402
+from twotower.training.feature_cache.feature_cache_checks import ShardChanged, ShardWriter  # noqa: E402
 from twotower.training.train import training_function  # noqa: E402
 from twotower.training.utils.errors import TwoTowerUserError  # noqa: E402
 
@@ -362,7 +363,7 @@ def test_a_report_killed_at_any_step_of_its_replacement_leaves_the_old_one_whole
 
 
 def test_a_scoring_run_killed_while_its_report_replaces_the_old_one_leaves_the_old_one(text_file, tmp_path):
-    from twotower.training.tokenizer import train_bpe_tokenizer
+    from twotower.training.data.tokenizer import train_bpe_tokenizer
 
     model_dir = tmp_path / "model"  # as round three's report tests score: a BPE of 320 tokens trained on the text
     tokenizer = train_bpe_tokenizer(iter([text_file.read_text(encoding="utf-8").splitlines()]), 320)

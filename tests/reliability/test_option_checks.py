@@ -8,7 +8,7 @@ import yaml
 
 from twotower.evaluation.scoring.score import ScoringArguments
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.data import load_raw_datasets, resolve_text_files
+from twotower.training.data.blocks import load_raw_datasets, resolve_text_files
 from twotower.training.utils.errors import TwoTowerUserError
 
 # option, bad value, what the message says: each was accepted before, and failed (or did the wrong thing) later
@@ -162,7 +162,7 @@ def test_data_files_that_are_not_text_are_named_with_the_offset(data, message, t
 
 
 def test_the_offset_of_a_character_split_across_read_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr("twotower.training.data.TEXT_CHECK_CHUNK", 7)
+    monkeypatch.setattr("twotower.training.data.blocks.TEXT_CHECK_CHUNK", 7)
     text = "abcdef\u00e9x\n".encode()  # the 2-byte é straddles the first 7-byte chunk
     assert resolve_text_files(_write(tmp_path / "ok.txt", text * 3)) == [str(tmp_path / "ok.txt")]
     with pytest.raises(TwoTowerUserError, match="byte 0xff at byte offset 10"):

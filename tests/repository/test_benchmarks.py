@@ -42,8 +42,8 @@ from benchmarks.settings_search import (
 from benchmarks.workloads import Setting, why_unsupported
 from conftest import TINY_SIZES, tiny_two_tower_config
 from modeling_twotower import TwoTowerConfig
-from twotower.training import throughput
-from twotower.training.throughput import resolve_peak_flops
+from twotower.training.launch import throughput
+from twotower.training.launch.throughput import resolve_peak_flops
 
 BATCH, SEQ = 3, 7
 VOCAB, HIDDEN, LAYERS, HEADS, FFN = (

@@ -1,5 +1,5 @@
 """The package's stages import one way: training, then the metric, scoring, the study and publishing last; training
-never imports evaluation."""
+never imports evaluation. Inside training, each room imports only the rooms before it."""
 
 import ast
 from pathlib import Path
@@ -62,3 +62,33 @@ def test_evaluation_keeps_its_modules_in_rooms():
     assert len(top_level) <= 6, top_level
     rooms = {path.parent.name for path in (REPO / "evaluation").glob("*/__init__.py")}
     assert {"scoring", "study", "publishing", "tower_preference"} <= rooms
+
+
+# training's rooms, each importing only the rooms before it (and itself); "top" is arguments.py, hub.py and
+# loading.py, beside the entry point train.py, which may import every room
+TRAINING_ROOMS = ("utils", "data", "top", "checkpoints", "feature_cache", "optim", "phases", "launch", "run")
+
+
+def training_room(module: str) -> str:
+    """The room of a `twotower.training` module: its subpackage, "top" for a module beside train.py, or "train"."""
+    parts = module.split(".")[2:]
+    if len(parts) > 1 or (REPO / "training" / parts[0]).is_dir():
+        return parts[0]
+    return "train" if parts[0] == "train" else "top"
+
+
+def test_training_keeps_its_modules_in_rooms_that_import_the_rooms_before_them():
+    rooms = {path.parent.name for path in (REPO / "training").glob("*/__init__.py")}
+    assert rooms == set(TRAINING_ROOMS) - {"top"}  # a new room takes its place in TRAINING_ROOMS
+    top_level = sorted(path.name for path in (REPO / "training").glob("*.py"))
+    assert top_level == ["__init__.py", "arguments.py", "hub.py", "loading.py", "train.py"]
+    backward = {}
+    for path in (REPO / "training").rglob("*.py"):
+        room = training_room(module_name(path))
+        if room == "train":
+            continue
+        allowed = TRAINING_ROOMS[: TRAINING_ROOMS.index(room) + 1]
+        imported = {training_room(name) for name in imported_modules(path) if name.startswith("twotower.training.")}
+        if imported - set(allowed):
+            backward[str(path.relative_to(REPO))] = sorted(imported - set(allowed))
+    assert backward == {}

@@ -22,8 +22,8 @@ from twotower.evaluation.scoring.cross_fitting import WIKITEXT_ARTICLE_HEADING, 
 from twotower.evaluation.tower_preference.measures import MEASURES, PROBE_FREE_MEASURES, PROBE_MEASURE
 from twotower.training.utils.cli import run
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
-from twotower.training.tokenizer import padded_vocab_size, train_bpe_tokenizer
+from twotower.training.data.blocks import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.data.tokenizer import padded_vocab_size, train_bpe_tokenizer
 
 
 TRAIN_LINES = 600  # of WikiText-2's training text: enough for a few dozen steps of a tiny model

@@ -27,10 +27,10 @@ from twotower.evaluation.study.kept_tables import load_kept_report
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import load_config
-from twotower.training.data import collate_blocks
+from twotower.training.data.blocks import collate_blocks
 from twotower.training.loading import load_two_tower, read_training_config
-from twotower.training.run_folder import checkpoints_written, read_eval_history
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.run.run_folder import checkpoints_written, read_eval_history
+from twotower.training.data.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 

@@ -15,7 +15,7 @@ from twotower.evaluation.study.verdicts import (
     RunTypes, at_perplexity, conclusion, convergence_check, cross_seed, family_verdict, matched_quality,
     preference_reliability, reliability, replica_sampling_variance, unigram_cross_entropy,
 )
-from twotower.training.run_folder import EVAL_HISTORY, RUNS_DIR, read_eval_history
+from twotower.training.run.run_folder import EVAL_HISTORY, RUNS_DIR, read_eval_history
 
 
 NUM_TYPES = 400

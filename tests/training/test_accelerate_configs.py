@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from transformers import AutoModelForCausalLM
 
 from test_training import corpus, tensorboard_scalars, tiny_config, validation_blocks  # noqa: F401 (a fixture)
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 from conftest import HANG_LIMIT_S
 

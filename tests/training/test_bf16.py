@@ -17,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from twotower.training.arguments import load_config
 from twotower.training.train import training_function
 from conftest import HANG_LIMIT_S
+from test_training import corpus  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow  # launches processes or trains several models: `-m "not slow"` skips it
 
@@ -26,16 +27,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # processes). The tolerance leaves ~15x that.
 BF16_RTOL = 1e-3
 STEPS = 10
-
-
-@pytest.fixture(scope="module")
-def corpus(shared_data, tmp_path_factory) -> dict:
-    """The first 400 kB of WikiText-2 train and 60 kB of validation (a slice, in a temporary folder)."""
-    folder = tmp_path_factory.mktemp("wikitext-2-slice-bf16")
-    for split, size in (("train", 400_000), ("valid", 60_000)):
-        with open(shared_data / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
-            (folder / f"{split}.txt").write_text(handle.read(size).rsplit("\n", 1)[0] + "\n")
-    return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt")}
 
 
 @pytest.fixture(autouse=True)

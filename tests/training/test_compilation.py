@@ -7,7 +7,7 @@ import torch
 import torch._inductor.config
 from torch.nn import functional as F
 
-from twotower.training.compilation import draw_random_eagerly_on_cpu
+from twotower.training.launch.compilation import draw_random_eagerly_on_cpu
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor needs a C++ compiler")

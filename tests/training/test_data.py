@@ -12,14 +12,14 @@ import pytest
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
-from twotower.training.data import (
+from twotower.training.data.blocks import (
     load_raw_datasets,
     make_dataloaders,
     resolve_text_files,
     split_blocks,
     tokenize_and_group,
 )
-from twotower.training.tokenizer import (
+from twotower.training.data.tokenizer import (
     check_tokenizer_fits,
     load_tokenizer,
     padded_vocab_size,

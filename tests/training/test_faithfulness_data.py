@@ -19,7 +19,7 @@ from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMa
 from modeling_twotower.towers_transformer import TwoTowerTransformerTowers
 from twotower.evaluation.scoring.score import collate_scored_blocks
 from twotower.evaluation.scoring.engine import score_blocks
-from twotower.training.data import (
+from twotower.training.data.blocks import (
     collate_blocks,
     load_raw_datasets,
     make_dataloaders,
@@ -28,10 +28,10 @@ from twotower.training.data import (
     tokenize_and_group,
 )
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
-from twotower.training.probe_cache import build_feature_cache
-from twotower.training.tokenizer import load_tokenizer, padded_vocab_size
-from twotower.training.validation import evaluate_blocks
+from twotower.training.data.objectives import make_collators, predicting_positions, prediction_targets
+from twotower.training.feature_cache.probe_cache import build_feature_cache
+from twotower.training.data.tokenizer import load_tokenizer, padded_vocab_size
+from twotower.training.phases.validation import evaluate_blocks
 
 BLOCK_SIZE = 16
 # Three blocks of 16 from anchors 0, 16 and 32: two segments split at the first of two sentence ends equally near

@@ -13,11 +13,11 @@ from transformers import get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerProbes
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.optimization import train_step
+from twotower.training.optim.optimization import train_step
 from twotower.training.phases import ProbesOnPositions, make_phase
-from twotower.training.data import collate_blocks
+from twotower.training.data.blocks import collate_blocks
 from twotower.training.phases.replica_sampling import replica_orders, step_positions
-from twotower.training.probe_cache import FeatureCache, backbone_dropout, cache_both_splits
+from twotower.training.feature_cache.probe_cache import FeatureCache, backbone_dropout, cache_both_splits
 
 VOCAB_SIZE, HIDDEN_SIZE = 37, 16
 NUM_REPLICAS = 2  # probes per tower; 2 towers -> 4 probes

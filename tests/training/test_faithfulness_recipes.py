@@ -11,7 +11,7 @@ from transformers import get_scheduler
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import read_recipe
-from twotower.training.optimization import weight_decay_groups
+from twotower.training.optim.optimization import weight_decay_groups
 from twotower.training.phases import ProbesOnPositions
 
 # workspace/ds_config/deepspeed_config_24hbert.json:2-4: 5120 blocks a step, 128 a micro-batch, 10 accumulated, so

@@ -10,9 +10,9 @@ from torch.distributed.tensor import Shard
 import modeling_twotower
 from twotower.training.arguments import load_config
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.launch_checks import LAUNCH_PRECISION_VARIABLE, check_launch, resolve_mixed_precision
+from twotower.training.launch.launch_checks import LAUNCH_PRECISION_VARIABLE, check_launch, resolve_mixed_precision
 from twotower.training.phases import make_phase
-from twotower.training.sharding import tower_placement
+from twotower.training.launch.sharding import tower_placement
 
 
 @pytest.mark.parametrize(

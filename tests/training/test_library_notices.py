@@ -1,4 +1,4 @@
-"""Runs print no library notice that does not apply to them (training/library_notices.py)."""
+"""Runs print no library notice that does not apply to them (training/launch/library_notices.py)."""
 
 import logging
 
@@ -7,7 +7,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from conftest import tiny_two_tower
-from training.library_notices import DEEPSPEED_LOGGER, quiet_inapplicable_notices
+from training.launch.library_notices import DEEPSPEED_LOGGER, quiet_inapplicable_notices
 
 
 def test_checkpoints_store_the_tied_weight_once_without_a_warning(tmp_path, caplog):

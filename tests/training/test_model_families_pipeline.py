@@ -24,11 +24,11 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.evaluation.scoring.score import score_model
 from twotower.training.arguments import TwoTowerTrainingConfig
-from twotower.training.data import load_raw_datasets, tokenize_and_group
-from twotower.training.objectives import SeededMaskingCollator
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
+from twotower.training.data.objectives import SeededMaskingCollator
 from twotower.evaluation.publishing.publish import render_model_card, stage_model_repo
-from twotower.training.throughput import flops_per_token
-from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
+from twotower.training.launch.throughput import flops_per_token
+from twotower.training.data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
 from conftest import HANG_LIMIT_S
 

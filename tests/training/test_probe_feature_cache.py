@@ -16,22 +16,22 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
-from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
+from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.data import load_raw_datasets, tokenize_and_group
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.objectives import make_collators
-from twotower.training.probe_cache import cache_both_splits, plan_feature_cache
-from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
+from twotower.training.data.objectives import make_collators
+from twotower.training.feature_cache.probe_cache import cache_both_splits, plan_feature_cache
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import training_function
 from conftest import HANG_LIMIT_S
+from test_probe_training import saved_model, sliced_corpus_with_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VOCAB_SIZE, BLOCK_SIZE, HIDDEN_SIZE = 320, 32, 24
+BLOCK_SIZE = 32
 TRAIN_BLOCKS, EVAL_BLOCKS = 24, 8  # 3 steps of 8 blocks an epoch
-TINY_MODEL = dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=40, max_position_embeddings=BLOCK_SIZE, hidden_dropout=0.0,
-                  attention_dropout=0.0)  # fmt: skip
+# test_probe_training's tiny model (its vocabulary of 320 and block size), narrower and without dropout
+NARROWER_MODEL = dict(hidden_size=24, intermediate_size=40, hidden_dropout=0.0, attention_dropout=0.0)
 MODES = ("memory", "disk", "none")
 
 
@@ -39,25 +39,16 @@ MODES = ("memory", "disk", "none")
 def corpus(tmp_path_factory, shared_data) -> dict:
     """40 kB of WikiText-2 train and 10 kB of validation, and a BPE (with <mask>) trained on the slice."""
     folder = tmp_path_factory.mktemp("wikitext-2-feature-cache")
-    for split, size in (("train", 40_000), ("valid", 10_000)):
-        text = (shared_data / "wikitext-2" / f"{split}.txt").read_text(encoding="utf-8")[:size]
-        (folder / f"{split}.txt").write_text(text.rsplit("\n", 1)[0] + "\n", encoding="utf-8")
-    lines = (folder / "train.txt").read_text(encoding="utf-8").splitlines()
-    train_bpe_tokenizer(iter([lines]), VOCAB_SIZE, masked=True).save_pretrained(folder / "tokenizer")
-    return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt"),
-            "tokenizer": str(folder / "tokenizer")}  # fmt: skip
+    return sliced_corpus_with_tokenizer(folder, shared_data, 40_000, 10_000)
 
 
 @pytest.fixture(scope="module")
 def models(corpus, tmp_path_factory) -> dict:
     """{"causal", "masked"}: new tiny models saved with the corpus' tokenizer, as a pretrain run would leave them."""
-    folders = {}
-    for objective, model_class in (("causal", TwoTowerForCausalLM), ("masked", TwoTowerForMaskedLM)):
-        torch.manual_seed(0)
-        folders[objective] = tmp_path_factory.mktemp(objective)
-        model_class(TwoTowerConfig.from_preset("tiny", **TINY_MODEL)).save_pretrained(folders[objective])
-        load_tokenizer(corpus["tokenizer"]).save_pretrained(folders[objective])
-    return {objective: str(folder) for objective, folder in folders.items()}
+    return {
+        objective: saved_model(corpus, tmp_path_factory.mktemp(objective), model_class, **NARROWER_MODEL)
+        for objective, model_class in (("causal", TwoTowerForCausalLM), ("masked", TwoTowerForMaskedLM))
+    }
 
 
 def probe_config(model_dir: str, corpus: dict, output_dir: Path, **overrides) -> TwoTowerTrainingConfig:
@@ -110,7 +101,7 @@ def test_auto_recomputes_when_the_cache_exceeds_its_budgets(runs_by_mode, models
                                                              capsys):  # fmt: skip
     expected_run = runs_by_mode("causal")["none"]
     capsys.readouterr()
-    monkeypatch.setattr("twotower.training.probe_cache.free_memory_bytes", lambda accelerator: 0)
+    monkeypatch.setattr("twotower.training.feature_cache.probe_cache.free_memory_bytes", lambda accelerator: 0)
     result = run(models, corpus, tmp_path, "causal", probe_feature_cache="auto", probe_cache_max_gb=1e-6)
     out = capsys.readouterr().out
     # 2 towers x 24 float32 = 192 bytes per position; 24 x 31 training + 8 x 31 validation next-token positions

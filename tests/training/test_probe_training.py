@@ -21,15 +21,16 @@ from transformers import AutoModelForCausalLM
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.data import load_raw_datasets, tokenize_and_group
+from twotower.training.data.blocks import load_raw_datasets, tokenize_and_group
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.objectives import make_collators, predicting_positions, prediction_targets
+from twotower.training.data.objectives import make_collators, predicting_positions, prediction_targets
 from twotower.training.phases.replica_sampling import replica_orders, step_positions
-from twotower.training.probe_cache import FeatureCache, build_feature_cache
-from twotower.training.tokenizer import load_tokenizer, train_bpe_tokenizer
+from twotower.training.feature_cache.probe_cache import FeatureCache, build_feature_cache
+from twotower.training.data.tokenizer import load_tokenizer, train_bpe_tokenizer
 from twotower.training.train import training_function
-from twotower.training.validation import evaluate_cached
+from twotower.training.phases.validation import evaluate_cached
 from conftest import HANG_LIMIT_S
+from test_training import assert_resumed_run_ends_bitwise_equal, wikitext_slice
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 320  # ln(320) = 5.77 nats for a uniform guess
@@ -39,23 +40,25 @@ TINY_MODEL = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, in
                   max_position_embeddings=BLOCK_SIZE)  # fmt: skip
 
 
+def sliced_corpus_with_tokenizer(folder: Path, shared_data: Path, train_chars: int, validation_chars: int) -> dict:
+    """`wikitext_slice` and a BPE of VOCAB_SIZE tokens (with <mask>) trained on its train text (`tokenizer`)."""
+    corpus = wikitext_slice(folder, shared_data, train_chars, validation_chars)
+    lines = Path(corpus["train_file"]).read_text(encoding="utf-8").splitlines()
+    train_bpe_tokenizer(iter([lines]), VOCAB_SIZE, masked=True).save_pretrained(folder / "tokenizer")
+    return {**corpus, "tokenizer": str(folder / "tokenizer")}
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory, shared_data) -> dict:
     """100 kB of WikiText-2 train and 20 kB of validation, and a BPE (with <mask>) trained on the slice."""
-    folder = tmp_path_factory.mktemp("wikitext-2-probes")
-    for split, size in (("train", 100_000), ("valid", 20_000)):
-        text = (shared_data / "wikitext-2" / f"{split}.txt").read_text(encoding="utf-8")[:size]
-        (folder / f"{split}.txt").write_text(text.rsplit("\n", 1)[0] + "\n", encoding="utf-8")
-    lines = (folder / "train.txt").read_text(encoding="utf-8").splitlines()
-    train_bpe_tokenizer(iter([lines]), VOCAB_SIZE, masked=True).save_pretrained(folder / "tokenizer")
-    return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt"),
-            "tokenizer": str(folder / "tokenizer")}  # fmt: skip
+    return sliced_corpus_with_tokenizer(tmp_path_factory.mktemp("wikitext-2-probes"), shared_data, 100_000, 20_000)
 
 
 def saved_model(corpus, folder: Path, model_class, **overrides) -> str:
-    """A new tiny model saved with the corpus' tokenizer, as a pretrain run would leave it."""
+    """A new tiny model (TINY_MODEL, then `overrides`) saved with the corpus' tokenizer, as a pretrain run would
+    leave it."""
     torch.manual_seed(0)
-    config = TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, **TINY_MODEL, **overrides)
+    config = TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB_SIZE, **{**TINY_MODEL, **overrides})
     model_class(config).save_pretrained(folder)
     load_tokenizer(corpus["tokenizer"]).save_pretrained(folder)
     return str(folder)
@@ -323,10 +326,7 @@ def test_resumed_replica_run_ends_bitwise_equal(replica_run, tmp_path):
     resumed = training_function(dataclasses.replace(
         replica_run["config"], output_dir=str(tmp_path), resume_from_checkpoint=str(checkpoint)
     ))
-    assert resumed["train_losses"] == replica_run["train_losses"][12:]
-    uninterrupted = load_file(Path(replica_run["model_dir"]) / "model.safetensors")
-    after_resume = load_file(Path(resumed["model_dir"]) / "model.safetensors")
-    assert all(torch.equal(tensor, after_resume[name]) for name, tensor in uninterrupted.items())
+    assert_resumed_run_ends_bitwise_equal(resumed, replica_run, from_step=12)
 
 
 @pytest.mark.slow

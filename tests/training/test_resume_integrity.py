@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from test_training import corpus, tiny_config  # noqa: F401 (corpus is a fixture)
-from twotower.training.checkpointing import list_checkpoints, read_progress
+from twotower.training.checkpoints.checkpointing import list_checkpoints, read_progress
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.manifest import MANIFEST_NAME, write_manifest
+from twotower.training.checkpoints.manifest import MANIFEST_NAME, write_manifest
 from twotower.training.train import training_function
 
 

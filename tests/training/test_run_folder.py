@@ -20,14 +20,14 @@ from transformers import AutoModelForCausalLM
 from conftest import HANG_LIMIT_S
 import modeling_twotower
 from test_training import corpus, tiny_config  # noqa: F401 (corpus is a fixture)
-from twotower.training import run_folder
+from twotower.training.run import run_folder
 from twotower.training.arguments import load_config
 from twotower.training.utils.atomic import write_atomically, write_text_atomically
-from twotower.training.checkpointing import list_checkpoints
+from twotower.training.checkpoints.checkpointing import list_checkpoints
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.run_folder import output_dir_lock
+from twotower.training.run.run_folder import output_dir_lock
 from twotower.training.phases import make_phase
-from twotower.training.run_folder import EVAL_HISTORY, read_eval_history, readable_bytes, run_disk_bytes
+from twotower.training.run.run_folder import EVAL_HISTORY, read_eval_history, readable_bytes, run_disk_bytes
 from twotower.training.train import training_function
 
 NO_SPACE = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -62,7 +62,7 @@ def bitwise_equal(first: dict, second: dict) -> bool:
 
 HOLD_LOCK = """
 import sys
-from twotower.training.run_folder import output_dir_lock
+from twotower.training.run.run_folder import output_dir_lock
 with output_dir_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.read()
@@ -94,7 +94,7 @@ def test_a_second_run_on_a_locked_folder_fails_at_once_naming_the_holder(corpus,
 LOCK_ON_TWO_PROCESSES = """
 import sys
 from accelerate import Accelerator
-from twotower.training.run_folder import locked_output_dir
+from twotower.training.run.run_folder import locked_output_dir
 with locked_output_dir(Accelerator(cpu=True), sys.argv[1]):
     print("locked", flush=True)
 """

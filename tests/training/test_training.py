@@ -28,19 +28,19 @@ from transformers import AutoModelForCausalLM, set_seed
 
 import modeling_twotower
 from twotower.training.arguments import TwoTowerTrainingConfig, load_config
-from twotower.training.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
-from twotower.training.data import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
-from twotower.training.early_stopping import EarlyStopping
+from twotower.training.checkpoints.checkpointing import list_checkpoints, read_progress, resolve_resume_checkpoint
+from twotower.training.data.blocks import collate_blocks, load_raw_datasets, split_blocks, tokenize_and_group
+from twotower.training.run.early_stopping import EarlyStopping
 from twotower.training.utils.errors import TwoTowerUserError
-from twotower.training.optimization import weight_decay_groups
+from twotower.training.optim.optimization import weight_decay_groups
 from twotower.training.phases import LinearProbePhase, PretrainPhase, TrainingPhase, make_phase
-from twotower.training.run_setup import TrainingRun
-from twotower.training.probe_cache import build_feature_cache
-from twotower.training.run_folder import read_eval_history
-from twotower.training.throughput import flops_per_token
-from twotower.training.tokenizer import load_tokenizer
+from twotower.training.run.run_setup import TrainingRun
+from twotower.training.feature_cache.probe_cache import build_feature_cache
+from twotower.training.run.run_folder import read_eval_history
+from twotower.training.launch.throughput import flops_per_token
+from twotower.training.data.tokenizer import load_tokenizer
 from twotower.training.train import train_loop, training_function
-from twotower.training.validation import evaluate_cached
+from twotower.training.phases.validation import evaluate_cached
 from conftest import HANG_LIMIT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,14 +49,28 @@ EVAL_BLOCKS = 32
 BLOCK_SIZE = 32  # the recipes use the paper's 128; a quarter of it keeps the suite fast
 
 
+def wikitext_slice(folder: Path, shared_data: Path, train_chars: int, validation_chars: int) -> dict:
+    """The first characters of WikiText-2's train and validation text, cut after their last whole line, in `folder`:
+    the `train_file` and `validation_file` options."""
+    for split, size in (("train", train_chars), ("valid", validation_chars)):
+        text = (shared_data / "wikitext-2" / f"{split}.txt").read_text(encoding="utf-8")[:size]
+        (folder / f"{split}.txt").write_text(text.rsplit("\n", 1)[0] + "\n", encoding="utf-8")
+    return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt")}
+
+
+def assert_resumed_run_ends_bitwise_equal(resumed: dict, uninterrupted: dict, from_step: int):
+    """A run resumed at step `from_step` logs the uninterrupted run's later losses and saves its very weights."""
+    assert resumed["train_losses"] == uninterrupted["train_losses"][from_step:]
+    expected = load_file(Path(uninterrupted["model_dir"]) / "model.safetensors")
+    after_resume = load_file(Path(resumed["model_dir"]) / "model.safetensors")
+    assert expected.keys() == after_resume.keys()
+    assert all(torch.equal(tensor, after_resume[name]) for name, tensor in expected.items())
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory, shared_data) -> dict:
     """The first 400 kB of WikiText-2 train and 60 kB of validation (a slice, in a temporary folder)."""
-    folder = tmp_path_factory.mktemp("wikitext-2-slice")
-    for split, size in (("train", 400_000), ("valid", 60_000)):
-        with open(shared_data / "wikitext-2" / f"{split}.txt", encoding="utf-8") as handle:
-            (folder / f"{split}.txt").write_text(handle.read(size).rsplit("\n", 1)[0] + "\n")
-    return {"train_file": str(folder / "train.txt"), "validation_file": str(folder / "valid.txt")}
+    return wikitext_slice(tmp_path_factory.mktemp("wikitext-2-slice"), shared_data, 400_000, 60_000)
 
 
 def tiny_config(recipe: str, corpus: dict, output_dir: Path, **overrides) -> TwoTowerTrainingConfig:
@@ -242,10 +256,7 @@ def test_interrupted_and_resumed_run_ends_bitwise_equal(pretrain_run, corpus, tm
     resumed = training_function(
         tiny_config("tiny", corpus, tmp_path, resume_from_checkpoint=output_dir / "checkpoints" / "step_20")
     )
-    assert resumed["train_losses"] == pretrain_run["train_losses"][20:]
-    uninterrupted = load_file(Path(pretrain_run["model_dir"]) / "model.safetensors")
-    after_resume = load_file(Path(resumed["model_dir"]) / "model.safetensors")
-    assert all(torch.equal(tensor, after_resume[name]) for name, tensor in uninterrupted.items())
+    assert_resumed_run_ends_bitwise_equal(resumed, pretrain_run, from_step=20)
 
 
 @pytest.mark.slow

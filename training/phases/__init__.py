@@ -1,8 +1,9 @@
 """
 What each training phase does, chosen once per run (`make_phase`): `PretrainPhase` trains a new joint model,
 `ProbePhase` the MLP probes of a frozen pretrained model on its towers' features, `LinearProbePhase` linear probes by
-full-batch L-BFGS. The run's preparation (run_setup.py) and the loop (train.py) call the same methods whatever the
-phase; this package is the one place that tells the phases apart, a module a phase, each with its own optimizer.
+full-batch L-BFGS. The run's preparation (run/run_setup.py) and the loop (train.py) call the same methods whatever the
+phase; this package is the one place that tells the phases apart, a module a phase, each with its own optimizer,
+beside the validation they share (validation.py).
 """
 
 from ..arguments import TwoTowerTrainingConfig

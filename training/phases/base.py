@@ -1,6 +1,6 @@
 """
 What every training phase has and does, whatever it trains: `TrainingPhase`, the interface the run's preparation
-(run_setup.py) and the loop (train.py) call, and the helpers that turn what trained into the model to save.
+(run/run_setup.py) and the loop (train.py) call, and the helpers that turn what trained into the model to save.
 
 A phase builds and holds what only it uses: its dataloaders or feature caches (`build_data`), its optimizer
 (`make_optimizer`, with the size of its state for the disk estimate and its description for the model card) and its
@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from ..arguments import TwoTowerTrainingConfig
-from ..optimization import ADAM_MOMENTS, adamw_description, make_adamw, train_step
+from ..optim.optimization import ADAM_MOMENTS, adamw_description, make_adamw, train_step
 
 
 def trained_state_dict(accelerator, trained) -> dict:

@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from ..linear_probes import LBFGS_HISTORY, check_linear_probes_fit, lbfgs_step, make_lbfgs
-from ..probe_cache import cache_both_splits
+from ..optim.linear_probes import LBFGS_HISTORY, check_linear_probes_fit, lbfgs_step, make_lbfgs
+from ..feature_cache.probe_cache import cache_both_splits
 from .probe import ProbePhase
 
 

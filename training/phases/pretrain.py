@@ -7,12 +7,12 @@ from torch import nn
 
 from modeling_twotower import TwoTowerConfig
 
-from ..data import make_dataloaders
+from ..data.blocks import make_dataloaders
 from ..loading import MODEL_CLASSES
-from ..objectives import SeededMaskingCollator
-from ..optimization import accumulation_windows
-from ..tokenizer import padded_vocab_size
-from ..validation import evaluate_blocks
+from ..data.objectives import SeededMaskingCollator
+from ..optim.optimization import accumulation_windows
+from ..data.tokenizer import padded_vocab_size
+from .validation import evaluate_blocks
 from .base import TrainingPhase, plain_model, trained_state_dict, without_tied_copies
 
 

@@ -1,6 +1,6 @@
 """
 Phase `probe` (the paper's phases 2 and 3): the pretrained model frozen, its towers run over the data once (or at
-every step, see probe_cache.py), and `--probe_replicas` MLP probes per tower trained by AdamW on their features.
+every step, see feature_cache/probe_cache.py), and `--probe_replicas` MLP probes per tower trained by AdamW on their features.
 """
 
 import math
@@ -15,12 +15,12 @@ from torch import nn
 from modeling_twotower import TwoTowerConfig
 
 from ..loading import MODEL_CLASSES, load_two_tower_config
-from ..objectives import objective_of
-from ..optimization import adamw_description
-from ..probe_cache import CACHE_DIR, cache_both_splits, process_counts
-from ..tokenizer import check_tokenizer_fits
+from ..data.objectives import objective_of
+from ..optim.optimization import adamw_description
+from ..feature_cache.probe_cache import CACHE_DIR, cache_both_splits, process_counts
+from ..data.tokenizer import check_tokenizer_fits
 from ..utils.errors import TwoTowerUserError
-from ..validation import evaluate_cached
+from .validation import evaluate_cached
 from .base import TrainingPhase, trained_state_dict
 from .replica_sampling import batch_positions, replica_orders, step_positions, stream_lengths
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from ..probe_cache import process_counts
+from ..feature_cache.probe_cache import process_counts
 from ..utils.errors import TwoTowerUserError
 
 

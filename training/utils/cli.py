@@ -1,13 +1,13 @@
 """How every command of the package ends on an error: a mistake of the user is one line, anything else a traceback.
 
-Each command's `__main__` block is `run(main)`. A TwoTowerUserError, a FileNotFoundError, a full disk or a bad
-command line prints `error: MESSAGE` on one line of stderr and exits with status 2 (argparse's status for a bad
-command line); `--debug` anywhere on the command line, or TWOTOWER_DEBUG=1, shows the traceback instead. Any other
-exception is a bug, and keeps its traceback.
+Each command's `__main__` block is `run(main)`, and its parser a `CommandParser` (or `options.OptionsParser`, whose
+errors raise too). A TwoTowerUserError, a FileNotFoundError, a full disk or a bad command line prints
+`error: MESSAGE` on one line of stderr and exits with status 2 (argparse's status for a bad command line);
+`--debug` anywhere on the command line, or TWOTOWER_DEBUG=1, shows the traceback instead. Any other exception is a
+bug, and keeps its traceback.
 """
 
 import argparse
-import contextlib
 import errno
 import os
 import sys
@@ -19,19 +19,22 @@ DEBUG_VARIABLE = "TWOTOWER_DEBUG"
 USER_ERROR_STATUS = 2
 
 
-def _raise_argument_error(parser, message):
-    raise TwoTowerUserError(f"{parser.prog}: {message} (`--help` lists the options)")
+def command_name() -> str | None:
+    """The running command as its user typed it, for `--help`'s usage line: `python -m twotower.training.train` for a
+    module run with `-m` (where argparse would name its file, `train.py`); None (argparse's default) otherwise."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else None
 
 
-@contextlib.contextmanager
-def _argparse_errors_raised():
-    """argparse prints its usage and exits on a bad command line; raise instead, so that `run` owns the output."""
-    error = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = _raise_argument_error
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = error
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise instead of printing the usage and exiting, so that `run` owns the output;
+    its usage line names the command as typed."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**({"prog": command_name()} | kwargs))
+
+    def error(self, message):
+        raise TwoTowerUserError(f"{self.prog}: {message} (`--help` lists the options)")
 
 
 def is_user_error(error: BaseException) -> bool:
@@ -48,8 +51,7 @@ def run(main, argv: list[str] | None = None):
         sys.argv[1:] = [arg for arg in argv if arg != DEBUG_FLAG]  # for a main that reads sys.argv itself
     debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0")
     try:
-        with _argparse_errors_raised():
-            return main([arg for arg in argv if arg != DEBUG_FLAG])
+        return main([arg for arg in argv if arg != DEBUG_FLAG])
     except Exception as error:
         if debug or not is_user_error(error):
             raise

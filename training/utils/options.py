@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import difflib
 import math
-import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
+from .cli import command_name
 from .errors import TwoTowerUserError
 
 TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "text", type(None): "unset (null)"}
@@ -179,13 +179,6 @@ def convert_values(dataclass_type, values: dict, recipe: str) -> dict:
                 f"Recipe {recipe} sets `{name}: {value!r}`, which is not {TYPE_NAMES[kind]}; fix the value."
             ) from error
     return converted
-
-
-def command_name() -> str | None:
-    """The running command as its user typed it, for `--help`'s usage line: `python -m twotower.training.train` for a
-    module run with `-m` (where argparse would name its file, `train.py`); None (argparse's default) otherwise."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else None
 
 
 class OptionsParser(HfArgumentParser):

@@ -12,16 +12,16 @@ from accelerate import Accelerator
 from modeling_twotower.towers import tower_stack_class
 from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
-from .arguments import TwoTowerTrainingConfig
-from .checkpointing import load_checkpoint, read_progress
-from .utils.collective import on_main_process
-from .data import load_raw_datasets, split_blocks, tokenize_and_group
-from .objectives import make_collators
-from .phases import TrainingPhase
+from ..arguments import TwoTowerTrainingConfig
+from ..checkpoints.checkpointing import load_checkpoint, read_progress
+from ..utils.collective import on_main_process
+from ..data.blocks import load_raw_datasets, split_blocks, tokenize_and_group
+from ..data.objectives import make_collators
+from ..phases import TrainingPhase
 from .run_folder import check_free_space, checkpoints_written, run_disk_bytes
-from .sharding import configure_fsdp
-from .throughput import flops_per_token, resolve_peak_flops
-from .tokenizer import build_tokenizer
+from ..launch.sharding import configure_fsdp
+from ..launch.throughput import flops_per_token, resolve_peak_flops
+from ..data.tokenizer import build_tokenizer
 
 
 def get_datasets(

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 
-from .arguments import TwoTowerTrainingConfig
-from .checkpointing import (
+from ..arguments import TwoTowerTrainingConfig
+from ..checkpoints.checkpointing import (
     CHECKPOINTS_DIR,
     FINAL_MODEL_DIR,
     LATEST,
@@ -27,10 +27,10 @@ from .checkpointing import (
     list_checkpoints,
     resolve_resume_checkpoint,
 )
-from .probe_cache import CACHE_DIR
-from .utils.atomic import free_bytes, readable_bytes
-from .utils.collective import on_main_process
-from .utils.errors import TwoTowerUserError
+from ..feature_cache.probe_cache import CACHE_DIR
+from ..utils.atomic import free_bytes, readable_bytes
+from ..utils.collective import on_main_process
+from ..utils.errors import TwoTowerUserError
 
 RUNS_DIR = "runs"  # the trackers' logs (TensorBoard) and EVAL_HISTORY
 EVAL_HISTORY = "eval_history.jsonl"  # every evaluation of the run: {"step", metric: value, ...} a line

@@ -13,7 +13,7 @@ import torch
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, DataCollatorForLanguageModeling
 
-from .data import collate_blocks
+from .blocks import collate_blocks
 
 OBJECTIVES = ("causal", "masked")
 ARCHITECTURES = {"causal": "TwoTowerForCausalLM", "masked": "TwoTowerForMaskedLM"}

@@ -23,9 +23,9 @@ import torch
 import yaml
 from accelerate.utils import RNG_STATE_NAME
 
-from .arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig, save_config
-from .data import data_file_paths
-from .utils.atomic import (
+from ..arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig, save_config
+from ..data.blocks import data_file_paths
+from ..utils.atomic import (
     RUN_AGAIN,
     apply_umask_to_folder,
     disk_full_error,
@@ -35,8 +35,8 @@ from .utils.atomic import (
     readable_bytes,
     replace_folder,
 )
-from .utils.collective import raise_together
-from .utils.errors import TwoTowerUserError
+from ..utils.collective import raise_together
+from ..utils.errors import TwoTowerUserError
 from .resume_limits import check_resumable_options
 from .manifest import MANIFEST_NAME, files_fingerprint, manifest_problem, write_manifest
 
@@ -230,7 +230,7 @@ def resume_config_differences(checkpoint: Path, config: TwoTowerTrainingConfig, 
 
 def _data_files(spec: str) -> list[str]:
     """
-    The files of a --train_file/--validation_file (a file, a folder of .txt files or a glob), as data.py's
+    The files of a --train_file/--validation_file (a file, a folder of .txt files or a glob), as data/blocks.py's
     resolve_text_files finds them, without its read of every file: the fingerprint is taken at every checkpoint.
     Files gone since the run started are none (their change is named against the checkpoint's fingerprint).
     """

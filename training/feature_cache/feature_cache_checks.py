@@ -28,10 +28,10 @@ import torch
 
 from modeling_twotower.checkpoint_checks import loaded_weight_files
 
-from .checkpointing import data_fingerprint
-from .manifest import files_fingerprint
-from .utils.atomic import readable_bytes, write_text_atomically
-from .utils.errors import TwoTowerUserError
+from ..checkpoints.checkpointing import data_fingerprint
+from ..checkpoints.manifest import files_fingerprint
+from ..utils.atomic import readable_bytes, write_text_atomically
+from ..utils.errors import TwoTowerUserError
 
 READ_CHUNK = 1 << 20
 # the weights of a row's checksum: fixed, so that a row's checksum is the same in every run (see row_checksums)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, BertTokenizer, GPT2Tokenizer, PreTrainedTokenizerFast
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from .utils.errors import TwoTowerUserError
+from ..utils.errors import TwoTowerUserError
 
 VOCAB_MULTIPLE = 64  # the model's vocabulary is padded up to a multiple of this, for matmul efficiency
 END_OF_TEXT = "<|endoftext|>"  # the one special token of a trained BPE for a causal LM, as in GPT-2

@@ -5,8 +5,8 @@ seen by Accelerate (the distributed types a phase can train under are the phase'
 
 import os
 
-from .arguments import TwoTowerTrainingConfig
-from .utils.errors import TwoTowerUserError
+from ..arguments import TwoTowerTrainingConfig
+from ..utils.errors import TwoTowerUserError
 
 LAUNCH_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"  # what `accelerate launch` sets from its config or flag
 

@@ -31,14 +31,14 @@ import psutil
 import torch
 from torch.utils.data import DataLoader
 
-from .data import collate_blocks
+from ..data.blocks import collate_blocks
 from .feature_cache_checks import (
     ShardWatch, ShardWriter, build_verified, cache_run_fingerprint, explicit_cache_note, manifest_file, map_shard,
     row_checksums,
 )
-from .utils.atomic import free_bytes, readable_bytes
-from .utils.errors import TwoTowerUserError
-from .objectives import prediction_targets, target_shift
+from ..utils.atomic import free_bytes, readable_bytes
+from ..utils.errors import TwoTowerUserError
+from ..data.objectives import prediction_targets, target_shift
 
 CACHE_DIR = "probe_feature_cache"  # under output_dir, with --probe_feature_cache disk; removed when the run ends
 SPLITS = ("train", "validation")

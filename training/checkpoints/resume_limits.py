@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from .arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig
-from .utils.errors import TwoTowerUserError
+from ..arguments import RESOLVED_CONFIG_NAME, TwoTowerTrainingConfig
+from ..utils.errors import TwoTowerUserError
 
 # option -> what a change of it changes, for the message
 UNRESUMABLE_OPTIONS = {

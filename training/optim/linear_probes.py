@@ -14,7 +14,7 @@ import contextlib
 import torch
 from accelerate.utils import DistributedType
 
-from .probe_cache import process_counts
+from ..feature_cache.probe_cache import process_counts
 
 LBFGS_HISTORY = 10  # pairs of past steps L-BFGS keeps (scipy's default; torch's is 100)
 

@@ -7,9 +7,9 @@ from accelerate.utils import DistributedType
 from torch import nn
 from transformers.trainer_pt_utils import get_parameter_names
 
-from .arguments import TwoTowerTrainingConfig
-from .utils.errors import TwoTowerUserError
-from .objectives import prediction_targets
+from ..arguments import TwoTowerTrainingConfig
+from ..utils.errors import TwoTowerUserError
+from ..data.objectives import prediction_targets
 
 
 # the parameters AdamW does not decay, by --weight_decay_exclude, as patterns of their lowercased names (Trainer's

@@ -9,7 +9,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from .utils.atomic import write_text_atomically
+from ..utils.atomic import write_text_atomically
 
 MANIFEST_NAME = "checksums.sha256"
 

@@ -12,7 +12,7 @@ from datasets.exceptions import DatasetNotFoundError
 from torch.utils.data import DataLoader
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from .utils.errors import TwoTowerUserError
+from ..utils.errors import TwoTowerUserError
 
 # The held-out blocks must not change with the training seed, so runs with different seeds share a validation set.
 VALIDATION_SPLIT_SEED = 0
