@@ -36,7 +36,7 @@ WEIGHT_DECAY_EXCLUSIONS = ("norms_and_biases", "tower_norms_and_biases", "none")
 PROBE_GRAD_CLIPPINGS = ("joint", "per_probe")
 PROBE_REPLICA_DATA = ("shared", "disjoint")
 RESOLVED_CONFIG_NAME = "training_config.yaml"
-RUN_RECORDS = ("optimizer", "probe_runs")  # what a run writes about itself into its resolved config: never options
+RUN_RECORDS = ("optimizer", "precision", "probe_runs")  # what a run writes about itself into its resolved config: never options
 # the transformers schedules that need nothing but the step counts (the others need a metric or extra arguments)
 LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
                  "inverse_sqrt")

@@ -118,7 +118,7 @@ def test_card_template_words_a_pretrain_phase():
         "Optimizer": "AdamW, learning rate 0.0003, betas (0.9, 0.95), eps 1e-08, weight decay 0.1 (not on norms "
         "and biases), gradient clipping 1",
         "Schedule": "cosine, 1,200 warm-up steps",
-        "Precision": "fp32 (the run set no `mixed_precision`)",
+        "Precision": "not recorded (trained before runs recorded it)",
         "Seed": "42",
     }
     assert "\n\nHardware: not recorded by the training run.\n" in text
@@ -140,3 +140,6 @@ def test_card_template_words_a_probe_phase_on_a_hub_dataset():
             "the full batch, L2 penalty 0.001 on weights and biases, stopping when no gradient entry exceeds 0.0001 |"
             ) in text
     assert "| Precision | bf16 |" in text
+    # the precision the run recorded (`accelerate launch --mixed_precision` sets it where the option did not)
+    assert "| Precision | bf16 mixed precision |" in card_phase_text({**probe, "precision": "bf16", "mixed_precision": None})
+    assert "| Precision | fp32 |" in card_phase_text({**probe, "precision": "no"})

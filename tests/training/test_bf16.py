@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from accelerate.state import AcceleratorState
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from twotower.training.arguments import load_config
+from twotower.training.arguments import RESOLVED_CONFIG_NAME, load_config
+from twotower.training.launch.launch_checks import LAUNCH_PRECISION_VARIABLE
 from twotower.training.train import training_function
 from conftest import HANG_LIMIT_S
 from test_training import corpus  # noqa: F401 (a fixture)
@@ -95,6 +97,14 @@ def test_bf16_pretraining_matches_fp32(corpus, fp32_pretrain, tmp_path):
     assert_bf16_close(bf16["train_losses"], fp32_pretrain["train_losses"])
     assert bf16["train_losses"][-1] < bf16["train_losses"][0]  # and it learns
     assert bf16["eval_metrics"]["loss"] == pytest.approx(fp32_pretrain["eval_metrics"]["loss"], rel=BF16_RTOL)
+
+
+def test_the_saved_config_records_the_precision_the_launch_chose(corpus, tmp_path, monkeypatch):
+    # `accelerate launch --mixed_precision bf16` (or its config file) with the option unset: the model card reads this
+    monkeypatch.setenv(LAUNCH_PRECISION_VARIABLE, "bf16")
+    run = run_in_process("tiny", corpus, tmp_path, max_train_steps=1)
+    saved = yaml.safe_load((Path(run["model_dir"]) / RESOLVED_CONFIG_NAME).read_text())
+    assert saved["mixed_precision"] is None and saved["precision"] == "bf16"
 
 
 def test_bf16_probe_phase_matches_fp32(corpus, fp32_pretrain, tmp_path):

@@ -364,6 +364,7 @@ def test_recipe_and_command_line_override_defaults(pretrain_run, corpus):
     saved = yaml.safe_load(saved_path.read_text())
     assert saved.pop("optimizer") == ("AdamW, learning rate 0.003, betas (0.9, 0.98), eps 1e-08, weight decay 0.01 "
                                       "(not on norms and biases), gradient clipping 1")  # the run's record
+    assert saved.pop("precision") == "no"  # Accelerate's, on the CPU with no mixed precision asked for
     assert saved == dataclasses.asdict(pretrain_run["config"])
     assert load_config(str(saved_path)) == dataclasses.replace(pretrain_run["config"], recipe=str(saved_path))
 

@@ -99,8 +99,10 @@ class TrainingPhase:
         """Say how the loop ended, where the phase has more to say than its last log line."""
 
     def records(self, run, final_model, kept_step: int) -> dict:
-        """What the saved training_config.yaml records beside the options: the optimizer, and the phase's own."""
-        return {"optimizer": self.optimizer_description}
+        """What the saved training_config.yaml records beside the options: the optimizer, the precision it trained
+        in (Accelerate's, whichever of the option, `accelerate launch` or its config set it: "no", "bf16", "fp16"),
+        and the phase's own."""
+        return {"optimizer": self.optimizer_description, "precision": run.accelerator.mixed_precision}
 
     def clean_up(self, run) -> None:
         """Remove what the run kept only while it trained, once the model is saved."""
