@@ -46,9 +46,9 @@ def mamba_config(config: TwoTowerConfig) -> MambaConfig:
 
 # Positions a chunk holds. The scan runs every chunk at once, one position of each per step, then carries the state
 # from chunk to chunk and adds it in a second pass: `SCAN_CHUNK + positions / SCAN_CHUNK` steps instead of one per
-# position. On the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md) chunks of 8 to 32 and one chunk took the same
-# time over the recipes' 128 positions, and 32 was the fastest over 1024 (0.76x the time of one chunk); fewer steps
-# matter more where each is a kernel launch.
+# position. On the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md) chunks of 32 ran the scan 1.1-1.4x faster than
+# one chunk over 1024 positions, and their second pass cost 10-20% over the recipes' 128 (the same CPU time); fewer
+# steps matter more where each is a kernel launch.
 SCAN_CHUNK = 32
 
 
