@@ -12,6 +12,7 @@ from benchmarks import (
     bench_linear_cross_entropy,
     bench_scoring_ablation,
     bench_speed,
+    bench_ssm_tower,
     masked_lm_baseline,
     profile_step,
     project_scale,
@@ -473,6 +474,15 @@ def test_the_projected_probe_cache_is_the_choice_of_the_package_rule():
     assert project_scale.cache_choice(masked).choice == "memory"
     table = project_scale.main([])
     assert "| 176 / 351 GB (auto: none) |" in table and "| 27 / 53 GB (auto: memory) |" in table
+
+
+def test_the_ssm_benchmark_times_both_towers_and_the_scan_by_chunk(capsys):
+    result = bench_ssm_tower.main(["--repeats", "1", "--rounds", "1", "--batch_size", "1", "--block_size", "16",
+                                   "--chunks", "4", "32", "--scan_lengths", "16"])  # fmt: skip
+    assert result["ratio"] > 0
+    # chunks as long as the sequence or longer are the sequential scan, timed once
+    assert set(result["scan_speedups"]) == {(16, 4), (16, 16)} and result["scan_speedups"][16, 16] == 1.0
+    assert "scan of 16 positions, one chunk (sequential)" in capsys.readouterr().out
 
 
 def test_the_ablation_benchmark_times_both_scoring_passes(capsys):
