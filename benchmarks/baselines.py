@@ -1,46 +1,85 @@
-"""The three models the speed benchmark compares, built from one TwoTowerConfig, and the FLOPs each spends per token."""
+"""The models the speed benchmark compares, built from one TwoTowerConfig, and the FLOPs each spends per token."""
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 from transformers.activations import ACT2FN
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_outputs import CausalLMOutput
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+from modeling_twotower.linear_cross_entropy import linear_cross_entropy
 from twotower.training.launch.throughput import config_flops_per_token as two_tower_flops_per_token
 
 TWO_TOWER = "two-tower"
 GPT2_EQUAL_FLOPS = "gpt2-equal-flops"
+GPT2_SAME_LOSS = "gpt2-same-loss"  # the same GPT-2 trained through the two-tower model's loss
 REFERENCE = "reference"
-MODEL_NAMES = (TWO_TOWER, GPT2_EQUAL_FLOPS, REFERENCE)
+MODEL_NAMES = (TWO_TOWER, GPT2_EQUAL_FLOPS, GPT2_SAME_LOSS, REFERENCE)
 TWO_TOWER_SSM = "two-tower-ssm"  # the optional row: the same model with state-space towers (tower_type ssm)
+# the models that generate with a cache: the reference code and GPT-2 with the same loss have no `generate`, and the
+# state-space towers keep no state cache
+CACHED_DECODING = (TWO_TOWER, GPT2_EQUAL_FLOPS)
+
+
+# GPT-2's name of each field it takes from one tower of the two-tower config
+GPT2_FIELDS = {
+    "vocab_size": "vocab_size",
+    "n_positions": "max_position_embeddings",
+    "n_embd": "hidden_size",
+    "n_head": "num_attention_heads",
+    "n_inner": "intermediate_size",
+    "activation_function": "hidden_act",
+    "resid_pdrop": "hidden_dropout",
+    "embd_pdrop": "hidden_dropout",
+    "attn_pdrop": "attention_dropout",
+    "layer_norm_epsilon": "layer_norm_eps",
+    "initializer_range": "initializer_range",
+}
 
 
 def gpt2_config(config: TwoTowerConfig, num_layers: int) -> GPT2Config:
     """GPT-2 with one tower's width, heads, MLP, context, vocabulary, activation and dropout, `num_layers` deep."""
-    return GPT2Config(
-        vocab_size=config.vocab_size,
-        n_positions=config.max_position_embeddings,
-        n_embd=config.hidden_size,
-        n_layer=num_layers,
-        n_head=config.num_attention_heads,
-        n_inner=config.intermediate_size,
-        activation_function=config.hidden_act,
-        resid_pdrop=config.hidden_dropout,
-        embd_pdrop=config.hidden_dropout,
-        attn_pdrop=config.attention_dropout,
-        layer_norm_epsilon=config.layer_norm_eps,
-        initializer_range=config.initializer_range,
-        # GPT-2's default ids (50256) lie outside small vocabularies; the benchmark needs none of them.
-        bos_token_id=None,
-        eos_token_id=None,
-    )
+    fields = {gpt2_name: getattr(config, name) for gpt2_name, name in GPT2_FIELDS.items()}
+    # GPT-2's default ids (50256) lie outside small vocabularies; the benchmark needs none of them.
+    return GPT2Config(n_layer=num_layers, bos_token_id=None, eos_token_id=None, **fields)
 
 
 def equal_flops_gpt2(config: TwoTowerConfig) -> GPT2LMHeadModel:
     """Hugging Face GPT-2 of one tower's width and `num_towers * num_hidden_layers` deep (issue #7's baseline)."""
     return GPT2LMHeadModel(gpt2_config(config, config.num_towers * config.num_hidden_layers))
+
+
+class GPT2WithTheSameLoss(nn.Module):
+    """
+    The equal-FLOP GPT-2's stack (`GPT2Model`) trained through the two-tower model's own loss: its last hidden state
+    goes through `linear_cross_entropy` (no logits kept, gradients computed with the loss) with a decoder tied to the
+    token embedding plus an output bias, as the two-tower model's fusion head decodes. Against it the two-tower
+    model's ratio measures what its towers cost, the loss being the same.
+    """
+
+    def __init__(self, config: TwoTowerConfig):
+        super().__init__()
+        self.transformer = GPT2Model(gpt2_config(config, config.num_towers * config.num_hidden_layers))
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def set_attn_implementation(self, attn_implementation: str):
+        self.transformer.set_attn_implementation(attn_implementation)
+
+    def activation_checkpointing_enable(self):
+        self.transformer.activation_checkpointing_enable()
+
+    def forward(
+        self, input_ids: torch.LongTensor, labels: torch.LongTensor | None = None, use_cache: bool = False
+    ) -> CausalLMOutput:
+        """The loss alone with `labels` (each position predicts the next label, the last none), else the logits."""
+        hidden_states = self.transformer(input_ids=input_ids, use_cache=use_cache).last_hidden_state
+        decoder_weight = self.transformer.wte.weight
+        if labels is None:
+            return CausalLMOutput(logits=F.linear(hidden_states, decoder_weight, self.output_bias))
+        next_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+        return CausalLMOutput(loss=linear_cross_entropy(hidden_states, decoder_weight, self.output_bias, next_labels))
 
 
 class ReferenceProbe(nn.Module):
@@ -119,6 +158,7 @@ def build_model(name: str, config: TwoTowerConfig, seed: int = 0) -> nn.Module:
     builders = {
         TWO_TOWER: TwoTowerForCausalLM,
         GPT2_EQUAL_FLOPS: equal_flops_gpt2,
+        GPT2_SAME_LOSS: GPT2WithTheSameLoss,
         REFERENCE: ReferenceTwoTowerGPT2,
         TWO_TOWER_SSM: lambda config: TwoTowerForCausalLM(ssm_config(config)),
     }

@@ -1,10 +1,12 @@
 """
 Training tokens/s of the state-space towers (`tower_type="ssm"`) next to the transformer towers at equal parameters
-(the tiny and tiny_ssm recipes' models), interleaved step by step so that both see the same machine load; and what
-batching the towers could gain: the two towers' mixers run one after the other, against one mixer on both towers'
-batches at once (shared weights: the most a batched kernel could save).
+(the tiny and tiny_ssm recipes' models), timed in rounds over both models so that both see the same machine load;
+the selective scan alone (forward and backward at the ssm model's mixer shapes) in chunks of each length asked for
+against one chunk, the sequential scan (one position per step); and what batching the towers could gain: the two
+towers' mixers run one after the other, against one mixer on both towers' batches at once (shared weights: the most
+a batched kernel could save).
 
-    python -m benchmarks.bench_ssm_tower --repeats 3 --batch_size 4 --num_threads 1
+    python -m benchmarks.bench_ssm_tower --repeats 8 --rounds 4 --batch_size 4 --num_threads 1
 """
 
 import argparse
@@ -12,11 +14,17 @@ import statistics
 import time
 
 import torch
+from torch.nn import functional as F
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
+from modeling_twotower.towers_ssm import SCAN_CHUNK, SSM_STATE_SIZE, SelectiveScan
+
+from .measure import time_interleaved
 
 VOCAB = 4096  # the tiny recipes' tokenizer
-MODELS = {"transformer": {}, "ssm": {"tower_type": "ssm", "intermediate_size": 192}}
+SSM_CHANNELS = 192  # tiny_ssm's intermediate_size: its towers' parameters equal the transformer towers'
+MODELS = {"transformer": {}, "ssm": {"tower_type": "ssm", "intermediate_size": SSM_CHANNELS}}
+CPU = torch.device("cpu")
 
 
 def build(name: str) -> TwoTowerForCausalLM:
@@ -24,12 +32,30 @@ def build(name: str) -> TwoTowerForCausalLM:
     return TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB, **MODELS[name])).train()
 
 
-def step_seconds(model, optimizer, input_ids) -> float:
-    start = time.perf_counter()
-    model(input_ids, labels=input_ids).loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    return time.perf_counter() - start
+def training_step(model, input_ids):
+    """One training step (forward, backward, AdamW) as a call."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        model(input_ids, labels=input_ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
+def scan_inputs(batch_size: int, seq_len: int) -> list[torch.Tensor]:
+    """(time_step, A, B, C, channels) at the ssm model's mixer shapes, drawn as its mixers make them."""
+    generator = torch.Generator().manual_seed(0)
+    time_step = F.softplus(torch.randn(batch_size, seq_len, SSM_CHANNELS, generator=generator) - 3)
+    A = -torch.arange(1, SSM_STATE_SIZE + 1, dtype=torch.float32).repeat(SSM_CHANNELS, 1)
+    B, C = torch.randn(2, batch_size, seq_len, SSM_STATE_SIZE, generator=generator)
+    channels = torch.randn(batch_size, seq_len, SSM_CHANNELS, generator=generator)
+    return [value.requires_grad_() for value in (time_step, A, B, C, channels)]
+
+
+def scan_call(inputs, chunk: int):
+    return lambda: SelectiveScan.apply(*inputs, chunk).sum().backward()
 
 
 def mixer_seconds(mixers, inputs, together: bool) -> float:
@@ -41,41 +67,61 @@ def mixer_seconds(mixers, inputs, together: bool) -> float:
     return time.perf_counter() - start
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps of each model per repeat")
-    parser.add_argument("--batch_size", type=int, default=4)
-    parser.add_argument("--block_size", type=int, default=128)
-    parser.add_argument("--num_threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.num_threads)
+def compare_training(args) -> float:
+    """Prints both models' training tokens/s; returns the ssm towers' ratio to the transformer towers'."""
     models = {name: build(name) for name in MODELS}
-    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-3) for name, model in models.items()}
     input_ids = torch.randint(0, VOCAB, (args.batch_size, args.block_size), generator=torch.Generator().manual_seed(1))
     for name, model in models.items():
         print(f"{name}: {model.num_parameters(exclude_embeddings=True) / 1e3:.1f}k non-embedding parameters, "
               f"{sum(p.numel() for p in model.model.towers.parameters()) / 1e3:.1f}k in the towers")
-        step_seconds(model, optimizers[name], input_ids)  # warm-up
-    tokens = args.steps * args.batch_size * args.block_size
-    ratios = []
-    for repeat in range(args.repeats):
-        rates = {}
-        for name in MODELS:  # interleaved: each repeat times both models back to back
-            seconds = sum(step_seconds(models[name], optimizers[name], input_ids) for _ in range(args.steps))
-            rates[name] = tokens / seconds
-        ratios.append(rates["ssm"] / rates["transformer"])
-        print(f"repeat {repeat}: transformer {rates['transformer']:.0f} tokens/s, ssm {rates['ssm']:.0f} tokens/s, "
-              f"ratio {ratios[-1]:.3f}")
-    print(f"ssm / transformer training tokens/s: median {statistics.median(ratios):.3f} over {args.repeats} repeats")
+    steps = {name: training_step(model, input_ids) for name, model in models.items()}
+    timings = time_interleaved(steps, CPU, warmup=1, repeats=args.repeats, rounds=args.rounds)
+    rates = {name: input_ids.numel() / timing.median_s for name, timing in timings.items()}
+    ratio = rates["ssm"] / rates["transformer"]
+    print(f"training tokens/s, median of {args.repeats} steps in {args.rounds} rounds: transformer "
+          f"{rates['transformer']:.0f}, ssm {rates['ssm']:.0f}, ssm / transformer {ratio:.3f}")
 
-    blocks = models["ssm"].model.towers.forward_blocks
-    mixers = [tower[0].mixer for tower in blocks]
-    inputs = torch.randn(len(mixers), args.batch_size, args.block_size, 64)
-    looped = [mixer_seconds(mixers, inputs, together=False) for _ in range(args.repeats)]
-    together = [mixer_seconds(mixers, inputs, together=True) for _ in range(args.repeats)]
+    mixers = [tower[0].mixer for tower in models["ssm"].model.towers.forward_blocks]
+    inputs = torch.randn(len(mixers), args.batch_size, args.block_size, models["ssm"].config.hidden_size)
+    looped = [mixer_seconds(mixers, inputs, together=False) for _ in range(args.rounds)]
+    together = [mixer_seconds(mixers, inputs, together=True) for _ in range(args.rounds)]
     print(f"one layer of both towers, forward + backward: one after the other {statistics.median(looped):.3f} s, "
           f"one mixer over both batches {statistics.median(together):.3f} s")
+    return ratio
+
+
+def compare_chunks(args) -> dict:
+    """The scan's forward + backward in chunks of each of `args.chunks` and as one chunk, at each length (as many
+    sequences as make the training step's tokens); prints the medians and each one's speedup over one chunk."""
+    speedups = {}
+    for seq_len in args.scan_lengths:
+        inputs = scan_inputs(max(1, args.batch_size * args.block_size // seq_len), seq_len)
+        calls = {chunk: scan_call(inputs, chunk) for chunk in args.chunks if chunk < seq_len}
+        calls[seq_len] = scan_call(inputs, seq_len)  # one chunk: one position per step
+        timings = time_interleaved(calls, CPU, warmup=1, repeats=args.repeats, rounds=args.rounds)
+        sequential_s = timings[seq_len].median_s
+        for chunk, timing in timings.items():
+            speedups[seq_len, chunk] = sequential_s / timing.median_s
+            name = "one chunk (sequential)" if chunk == seq_len else f"chunks of {chunk}"
+            print(f"scan of {seq_len} positions, {name}: {timing.median_s * 1e3:.1f} ms, "
+                  f"{speedups[seq_len, chunk]:.2f}x the sequential scan")
+    return speedups
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=8, help="timed calls of each, spread over --rounds")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--block_size", type=int, default=128)
+    parser.add_argument("--num_threads", type=int, default=1)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[16, SCAN_CHUNK, 64], help="scan chunk lengths")
+    parser.add_argument("--scan_lengths", type=int, nargs="+", default=[128, 512, 1024], help="positions scanned")
+    args = parser.parse_args(argv)
+    if min(args.chunks + args.scan_lengths) < 1 or not args.repeats >= args.rounds >= 1:
+        parser.error(f"need positive --chunks and --scan_lengths and --repeats >= --rounds >= 1, got {vars(args)}")
+    torch.set_num_threads(args.num_threads)
+    return {"ratio": compare_training(args), "scan_speedups": compare_chunks(args)}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ generation recomputes the prefix at every step.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,24 +44,98 @@ def mamba_config(config: TwoTowerConfig) -> MambaConfig:
     return mamba
 
 
-def selective_scan(decay: torch.Tensor, inputs: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+# Positions a chunk holds. The scan runs every chunk at once, one position of each per step, then carries the state
+# from chunk to chunk and adds it in a second pass: `SCAN_CHUNK + positions / SCAN_CHUNK` steps instead of one per
+# position. On the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md) chunks of 32 ran the scan 1.1-1.4x faster than
+# one chunk over 1024 positions, and their second pass cost 10-20% over the recipes' 128 (the same CPU time); fewer
+# steps matter more where each is a kernel launch.
+SCAN_CHUNK = 32
+
+
+def _in_chunks(tensor: torch.Tensor, chunk: int) -> torch.Tensor:
+    # [batch, seq, ...] -> [batch, chunks, chunk, ...], zero-padded at the end
+    padding = -tensor.shape[1] % chunk
+    if padding:
+        tensor = F.pad(tensor, (0, 0) * (tensor.dim() - 2) + (0, padding))
+    return tensor.unflatten(1, (-1, chunk))
+
+
+def chunked_scan_(
+    time_step: torch.Tensor, A: torch.Tensor, inputs: torch.Tensor, chunk: int = SCAN_CHUNK, reverse: bool = False
+) -> torch.Tensor:
     """
-    Mamba's recurrence state_t = decay_t * state_{t-1} + inputs_t (decay, inputs [batch, channels, seq, N]) read out
-    as y_t = state_t @ readout_t (readout [batch, seq, N]); returns y [batch, channels, seq]. The steps are unbound
-    once: indexing one step at a time, as transformers' reference path does, makes each step's backward allocate the
-    whole [batch, channels, seq, N] gradient, quadratic in the sequence length (30x slower training on a CPU).
+    The states of the recurrence state_t = exp(time_step_t * A) * state_{t-1} + inputs_t from a zero state (with
+    `reverse`, state_{t+1} instead of state_{t-1}, from the end), time_step [batch, seq, channels], A [channels, N],
+    inputs [batch, seq, channels, N] -> [batch, seq, channels, N], written over `inputs` (over its zero-padded copy
+    where `seq` is not a multiple of `chunk`). Each chunk's states start from zero, every chunk at once; then the
+    state entering each chunk is carried across the chunks and added, decayed by exp(A * the time steps summed from
+    the chunk's entry): sums of time steps in log space, whose exponentials never exceed 1 (A < 0), where dividing by
+    cumulative products of decays would underflow. Decays are taken one position at a time: on the CPU a fresh
+    [batch, seq, channels, N] tensor costs more in page faults than the exponentials themselves.
     """
-    state = torch.zeros_like(inputs[:, :, 0])  # [batch, channels, N]
-    outputs = []
-    for step_decay, step_input, step_readout in zip(decay.unbind(2), inputs.unbind(2), readout.unbind(1)):
-        state = step_decay * state + step_input
-        outputs.append(torch.matmul(state, step_readout.unsqueeze(-1))[..., 0])  # [batch, channels]
-    return torch.stack(outputs, dim=-1)
+    seq_len = inputs.shape[1]
+    time_step, states = _in_chunks(time_step, chunk), _in_chunks(inputs, chunk)  # [b, K, T, c], [b, K, T, c, N]
+    A = A * math.log2(math.e)  # exp(x) as exp2(x * log2(e)): exp2 took a quarter of exp's time on the CPU
+    positions = range(chunk - 1, -1, -1) if reverse else range(chunk)
+    state = torch.zeros_like(states[:, :, 0])
+    for t in positions:
+        state = states[:, :, t].addcmul_(torch.exp2(time_step[:, :, t, :, None] * A), state)
+    num_chunks = states.shape[1]
+    if num_chunks > 1:
+        entered = time_step.flip(2).cumsum(2).flip(2) if reverse else time_step.cumsum(2)
+        chunk_decays = torch.exp2(entered[:, :, positions[-1], :, None] * A)  # [b, K, c, N]
+        carried = [torch.zeros_like(state[:, 0])]
+        for k in range(num_chunks - 1, 0, -1) if reverse else range(num_chunks - 1):
+            carried.append(torch.addcmul(states[:, k, positions[-1]], chunk_decays[:, k], carried[-1]))
+        carried = torch.stack(carried[::-1] if reverse else carried, dim=1)  # the state entering each chunk
+        for t in positions:
+            states[:, :, t].addcmul_(torch.exp2(entered[:, :, t, :, None] * A), carried)
+    return states.flatten(1, 2)[:, :seq_len]
+
+
+class SelectiveScan(torch.autograd.Function):
+    """
+    Mamba's selective scan, y_t = state_t @ C_t with state_t = exp(time_step_t * A) * state_{t-1} + time_step_t *
+    channels_t * B_t (time_step, channels [batch, seq, channels]; A [channels, N]; B, C [batch, seq, N]), by
+    `chunked_scan_` both ways: backward is the same scan run from the end over the loss's gradients. Written by hand
+    so that a step allocates one [batch, seq, channels, N] tensor forward and two backward (autograd over the scan
+    kept a dozen, and on the CPU each fresh one costs its page faults); the readout and its gradients are the
+    matmuls `extra_flops_per_token` counts.
+    """
+
+    @staticmethod
+    def forward(ctx, time_step, A, B, C, channels, chunk=SCAN_CHUNK):
+        # in the inputs' dtype under autocast too: backward, which runs outside autocast, meets the same dtypes
+        with torch.autocast(time_step.device.type, enabled=False):
+            driven = time_step * channels
+            states = chunked_scan_(time_step, A, driven[..., None] * B[:, :, None], chunk)
+            ctx.save_for_backward(time_step, A, B, C, channels, states)
+            ctx.chunk = chunk
+            return torch.matmul(states, C[..., None])[..., 0]
+
+    @staticmethod
+    def backward(ctx, output_grad):
+        time_step, A, B, C, channels, states = ctx.saved_tensors
+        driven = time_step * channels
+        # d loss / d state_t = output_grad_t C_t + exp(time_step_{t+1} * A) * d loss / d state_{t+1}
+        next_time_step = F.pad(time_step[:, 1:], (0, 0, 0, 1))
+        readout_grad = torch.matmul(output_grad[..., None], C[:, :, None])
+        state_grad = chunked_scan_(next_time_step, A, readout_grad, ctx.chunk, reverse=True)
+        product = torch.mul(state_grad, B[:, :, None])  # one buffer for the products below
+        driven_grad = product.sum(-1)
+        B_grad = torch.mul(state_grad, driven[..., None], out=product).sum(2)
+        # d state_t / d (time_step_t * A) = exp(time_step_t * A) * state_{t-1} = state_t - inputs_t
+        torch.sub(states, torch.mul(driven[..., None], B[:, :, None], out=product), out=product)
+        log_decay_grad = state_grad.mul_(product)
+        time_step_grad = torch.mul(log_decay_grad, A, out=product).sum(-1).addcmul_(driven_grad, channels)
+        A_grad = torch.mul(log_decay_grad, time_step[..., None], out=product).sum((0, 1))
+        C_grad = torch.matmul(states.transpose(-1, -2), output_grad[..., None])[..., 0]
+        return time_step_grad, A_grad, B_grad, C_grad, driven_grad * time_step, None
 
 
 class TwoTowerMambaMixer(MambaMixer, KindInitialized):
     """transformers' MambaMixer (its weights and initialisation), run over whole sequences by `forward` below: the
-    reference path's arithmetic, with the scan of `selective_scan`; no cache."""
+    reference path's arithmetic, with the chunked scan of `SelectiveScan`; no cache."""
 
     def init_kind_weights(self, config) -> None:
         # Mamba's own draws for the state matrix A, the skip D and the time step's projection and bias, after the
@@ -74,23 +149,22 @@ class TwoTowerMambaMixer(MambaMixer, KindInitialized):
         mask = None if attention_mask is None else attention_mask[:, :, None].to(dtype)
         if mask is not None:
             hidden_states = hidden_states * mask
-        channels, gate = self.in_proj(hidden_states).transpose(1, 2).chunk(2, dim=1)  # [batch, channels, seq] each
-        # causal depthwise convolution
-        channels = F.conv1d(channels, self.conv1d.weight, self.conv1d.bias, padding=self.conv_kernel_size - 1,
-                            groups=self.intermediate_size)[..., :seq_len]  # fmt: skip
+        channels, gate = self.in_proj(hidden_states).chunk(2, dim=-1)  # [batch, seq, channels] each
+        # causal depthwise convolution, over [batch, channels, seq]
+        channels = F.conv1d(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
+                            padding=self.conv_kernel_size - 1, groups=self.intermediate_size)[..., :seq_len]  # fmt: skip
         channels = self.act(channels).transpose(1, 2)  # [batch, seq, channels]
         if mask is not None:
             channels = channels * mask
         time_step, B, C = torch.split(
             self.x_proj(channels), [self.time_step_rank, self.ssm_state_size, self.ssm_state_size], dim=-1
         )
-        time_step = F.softplus(self.dt_proj(time_step)).transpose(1, 2)  # [batch, channels, seq]
-        A = -torch.exp(self.A_log.float())  # [channels, N]
-        decay = torch.exp(A[None, :, None, :] * time_step[..., None])  # [batch, channels, seq, N]
-        inputs = time_step[..., None] * B[:, None, :, :].float() * channels.transpose(1, 2)[..., None].float()
-        scan_output = selective_scan(decay, inputs, C.float()) + channels.transpose(1, 2) * self.D[None, :, None]
-        scan_output = scan_output * F.silu(gate)
-        return self.out_proj(scan_output.transpose(1, 2).to(dtype))
+        time_step = F.softplus(self.dt_proj(time_step))  # [batch, seq, channels]
+        scan_dtype = torch.promote_types(dtype, torch.float32)  # as the reference path: at least float32
+        A = -torch.exp(self.A_log.to(scan_dtype))  # [channels, N]
+        scan_output = SelectiveScan.apply(*(tensor.to(scan_dtype) for tensor in (time_step, A, B, C, channels)))
+        scan_output = (scan_output + channels * self.D) * F.silu(gate)
+        return self.out_proj(scan_output.to(dtype))
 
 
 class TwoTowerSSMBlock(nn.Module):

@@ -1,29 +1,8 @@
-"""What the two publishing commands (publish.py, publish_metric.py) share: a folder staged atomically, the upload
-options, and the lines they end with."""
+"""What the two publishing commands (publish.py, publish_metric.py) share: the upload options and the lines they end
+with."""
 
 import argparse
-import shutil
-from contextlib import contextmanager
-from pathlib import Path
 
-from twotower.training.utils.atomic import disk_full_error, fresh_staging_folder, is_disk_full, replace_folder
-
-
-@contextmanager
-def staged_folder(final: Path):
-    """
-    Yield an empty temporary sibling of `final` to write into: it replaces `final` in one step when the block ends,
-    and is removed when the block fails (a full disk raised as one clear error), so `final` is never half-written.
-    """
-    tmp = fresh_staging_folder(final)
-    try:
-        yield tmp
-    except BaseException as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(error):
-            raise disk_full_error(final, tmp) from error
-        raise
-    replace_folder(tmp, final)
 
 
 def add_upload_options(parser: argparse.ArgumentParser, repository: str, commit_message: str) -> None:

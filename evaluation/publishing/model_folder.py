@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import yaml
-from safetensors import safe_open
 
 from modeling_twotower.checkpoint_checks import read_weight_shapes
 from twotower.training.arguments import RESOLVED_CONFIG_NAME

@@ -30,10 +30,11 @@ import yaml
 from modeling_twotower import TwoTowerForCausalLM
 
 from twotower.training.arguments import RESOLVED_CONFIG_NAME
+from twotower.training.utils.atomic import staged_folder
 from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, push_to_hub
-from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
+from .hub_command import add_upload_options, print_outcome, upload_options
 from .model_card import DEFAULT_LICENSE, PRETRAIN_CONFIG_NAME, REPORT_DIR_IN_REPO, read_report, render_model_card
 from .model_folder import find_pretrain_config, local_paths, model_config_file, portable, read_json, read_yaml
 from .model_folder import short_path

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import modeling_twotower
 from twotower.training.hub import check_hub_target, check_repo_id, describe_folder, upload_parts
+from twotower.training.utils.atomic import staged_folder
 from twotower.training.utils.cli import CommandParser, run
 from twotower.training.utils.errors import TwoTowerUserError
-from .hub_command import add_upload_options, print_outcome, staged_folder, upload_options
+from .hub_command import add_upload_options, print_outcome, upload_options
 
 
 METRIC_NAME = "tower_preference"

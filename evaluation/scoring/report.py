@@ -23,7 +23,6 @@ tower), and report.md leads with whether the per-type preference belongs to the 
 
 import itertools
 import json
-import shutil
 from pathlib import Path
 
 import matplotlib
@@ -36,7 +35,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
-from twotower.training.utils.atomic import disk_full_error, is_disk_full  # noqa: E402
+from twotower.training.utils.atomic import staged_folder  # noqa: E402
 from twotower.training.utils.atomic import write_atomically, write_text_atomically  # noqa: E402
 from twotower.training.utils.markdown_escape import code_span, markdown_text, markdown_url  # noqa: E402
 
@@ -343,18 +342,11 @@ def write_report(output_dir, report, result, tokens, token_view=None, measured=N
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = staging_folder(output_dir)  # unique to this process
-    try:
+    with staged_folder(output_dir, staging_folder, replace_report) as staging:  # staging unique to this process
         table = with_parts_of_speech(per_token_table(result, tokens, measured), report.get("parts_of_speech"))
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
         if type_sums is not None:
             write_atomically(staging / TYPE_SUMS_PARQUET, lambda tmp: type_sums.to_parquet(tmp, index=False))
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if is_disk_full(error):
-            raise disk_full_error(output_dir, staging) from error
-        raise
-    replace_report(output_dir, staging)
     return output_dir
 
 

@@ -12,6 +12,7 @@ from benchmarks import (
     bench_linear_cross_entropy,
     bench_scoring_ablation,
     bench_speed,
+    bench_ssm_tower,
     masked_lm_baseline,
     profile_step,
     project_scale,
@@ -19,6 +20,7 @@ from benchmarks import (
 )
 from benchmarks.baselines import (
     GPT2_EQUAL_FLOPS,
+    GPT2_SAME_LOSS,
     MODEL_NAMES,
     REFERENCE,
     TWO_TOWER,
@@ -73,15 +75,21 @@ def one_thread():
 # ---------------------------------------------------------------- baselines and FLOPs
 
 
+def in_place_addmm_flops(self_shape, mat1_shape, mat2_shape, out_shape=None):
+    # what torch's counter charges an addmm; it has no entry for the in-place addmm_
+    return 2 * mat1_shape[0] * mat1_shape[1] * mat2_shape[1]
+
+
 @pytest.mark.parametrize("name", MODEL_NAMES)
 @pytest.mark.parametrize("num_towers, embedding_size", [(2, None), (3, None), (2, HIDDEN)])
 def test_flops_per_token_equal_the_matmuls_torch_counts(name, num_towers, embedding_size):
-    # Eager attention runs as plain matmuls, so torch's counter sees every FLOP of the nanoGPT estimate.
+    # Eager attention runs as plain matmuls, so torch's counter sees every FLOP of the nanoGPT estimate; the loss
+    # without logits sums the decoder's weight gradient in place (addmm_), which the counter is told to count as addmm.
     config = tiny_config(num_towers=num_towers, embedding_size=embedding_size)
     model = build_model(name, config)
     model.set_attn_implementation("eager")
     input_ids = random_ids()
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addmm_: in_place_addmm_flops}) as counter:
         model(input_ids=input_ids, labels=input_ids).loss.backward()
     assert counter.get_total_flops() / (BATCH * SEQ) == training_flops_per_token(name, config, SEQ)
 
@@ -93,6 +101,28 @@ def test_equal_flops_gpt2_has_the_towers_stack():
     gpt2_stack = sum(p.numel() for n, p in gpt2.transformer.h.named_parameters() if p.dim() == 2)
     two_tower_stack = sum(p.numel() for n, p in two_tower.model.towers.layers.named_parameters() if p.dim() == 3)
     assert gpt2_stack == two_tower_stack == 3 * LAYERS * (4 * HIDDEN * HIDDEN + 2 * HIDDEN * FFN)
+
+
+def test_gpt2_with_the_same_loss_computes_cross_entropy_through_its_tied_decoder():
+    config = tiny_config()
+    model = build_model(GPT2_SAME_LOSS, config).eval()
+    with torch.no_grad():
+        model.output_bias.normal_()  # a bias the loss must add
+    input_ids = random_ids()
+    loss = model(input_ids, labels=input_ids).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    # independently: logits from the last hidden state and the embedding, then the next token's cross-entropy
+    hidden_states = model.transformer(input_ids).last_hidden_state
+    logits = hidden_states[:, :-1] @ model.transformer.wte.weight.T + model.output_bias
+    expected = F.cross_entropy(logits.reshape(-1, VOCAB), input_ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, expected)
+    for grad, expected_grad in zip(grads, torch.autograd.grad(expected, list(model.parameters()))):
+        torch.testing.assert_close(grad, expected_grad)
+    # GPT-2's stack and tied decoder, plus the output bias
+    gpt2 = build_model(GPT2_EQUAL_FLOPS, config)
+    assert num_parameters(model) == num_parameters(gpt2) + VOCAB
+    with torch.no_grad():
+        torch.testing.assert_close(gold_logprobs(model, input_ids).mean(), -expected)
 
 
 def test_reference_shares_one_embedding_and_keeps_towers_apart():
@@ -310,7 +340,7 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
 
     comparison = results["sizes"]["tiny"]["comparison"]
     models = comparison["models"]
-    assert models[REFERENCE]["decode"] is None
+    assert models[REFERENCE]["decode"] is None and models[GPT2_SAME_LOSS]["decode"] is None
     for name in MODEL_NAMES:
         assert models[name]["train"]["tokens_per_s"] > 0 and models[name]["train"]["peak_memory_bytes"] > 0
         assert models[name]["score"]["tokens_per_s"] > 0
@@ -323,7 +353,8 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
     assert {row.micro_batch for row in rows if row.status == "ok"} == {2}
 
     text = output.read_text()
-    for expected in ("| two-tower |", "| gpt2-equal-flops |", "| reference |", "distributed_type: 'NO'"):
+    for expected in ("| two-tower |", "| gpt2-equal-flops |", "| gpt2-same-loss |", "| reference |",
+                     "distributed_type: 'NO'"):
         assert expected in text
     # the printed launch builds the benchmarked model from the recipe's
     model_options = "--hidden_size 16 --num_hidden_layers 1 --num_attention_heads 2 --intermediate_size 24"
@@ -337,8 +368,8 @@ def test_eager_and_compiled_ratios_side_by_side():
     def measured(tokens_per_s):
         return {"tokens_per_s": tokens_per_s, "call_s": 1.0, "peak_memory_bytes": None}
 
-    eager = {TWO_TOWER: 100.0, GPT2_EQUAL_FLOPS: 125.0, REFERENCE: 80.0}
-    compiled = {TWO_TOWER: 150.0, GPT2_EQUAL_FLOPS: 120.0, REFERENCE: 100.0}
+    eager = {TWO_TOWER: 100.0, GPT2_EQUAL_FLOPS: 125.0, GPT2_SAME_LOSS: 160.0, REFERENCE: 80.0}
+    compiled = {TWO_TOWER: 150.0, GPT2_EQUAL_FLOPS: 120.0, GPT2_SAME_LOSS: 200.0, REFERENCE: 100.0}
     rows = {
         name: {"parameters": 1e6, "flops_per_token": 1e6, "train": measured(eager[name]), "score": measured(1.0),
                "decode": None, "train_compiled": measured(compiled[name])}
@@ -356,6 +387,7 @@ def test_eager_and_compiled_ratios_side_by_side():
     text = comparison_markdown(comparison)
     assert "| gpt2-equal-flops | 125 | 120 | 0.96x | 0.80x | 1.25x |" in text
     assert "| reference | 80 | 100 | 1.25x | 1.25x | 1.50x |" in text
+    assert "| gpt2-same-loss | 160 | 200 | 1.25x | 0.62x | 0.75x |" in text
 
 
 def test_the_state_space_towers_get_their_row_eager_without_decoding(capsys):
@@ -442,6 +474,15 @@ def test_the_projected_probe_cache_is_the_choice_of_the_package_rule():
     assert project_scale.cache_choice(masked).choice == "memory"
     table = project_scale.main([])
     assert "| 176 / 351 GB (auto: none) |" in table and "| 27 / 53 GB (auto: memory) |" in table
+
+
+def test_the_ssm_benchmark_times_both_towers_and_the_scan_by_chunk(capsys):
+    result = bench_ssm_tower.main(["--repeats", "1", "--rounds", "1", "--batch_size", "1", "--block_size", "16",
+                                   "--chunks", "4", "32", "--scan_lengths", "16"])  # fmt: skip
+    assert result["ratio"] > 0
+    # chunks as long as the sequence or longer are the sequential scan, timed once
+    assert set(result["scan_speedups"]) == {(16, 4), (16, 16)} and result["scan_speedups"][16, 16] == 1.0
+    assert "scan of 16 positions, one chunk (sequential)" in capsys.readouterr().out
 
 
 def test_the_ablation_benchmark_times_both_scoring_passes(capsys):

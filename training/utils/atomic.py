@@ -4,6 +4,7 @@ import errno
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import TwoTowerUserError
@@ -115,3 +116,21 @@ def replace_folder(tmp: Path, final: Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def staged_folder(final: Path, make_staging=fresh_staging_folder, replace=replace_folder):
+    """
+    Yield an empty staging folder (`make_staging(final)`) to write into: `replace(staging, final)` puts it in place
+    of `final` when the block ends; it is removed when the block fails (a full disk raised as one clear error), so
+    `final` is never half-written.
+    """
+    staging = make_staging(final)
+    try:
+        yield staging
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(error):
+            raise disk_full_error(final, staging) from error
+        raise
+    replace(staging, final)
