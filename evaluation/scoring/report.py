@@ -342,7 +342,8 @@ def write_report(output_dir, report, result, tokens, token_view=None, measured=N
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    with staged_folder(output_dir, staging_folder, replace_report) as staging:  # staging unique to this process
+    # a staging folder unique to this process, made the folder's report in one step (versioned_report.py)
+    with staged_folder(output_dir, staging_folder, lambda staging, folder: replace_report(folder, staging)) as staging:
         table = with_parts_of_speech(per_token_table(result, tokens, measured), report.get("parts_of_speech"))
         _write_report_files(staging, {**report, "summary": result.summary}, table, token_view)
         if type_sums is not None:
