@@ -469,8 +469,11 @@ def main(argv=None):
     report_path = run_study(
         args.recipe, args.data_dir, args.output_dir, args.report_dir, args.runs, args.aggregate_only, command
     )
-    verdicts = json.loads((Path(report_path).parent / STUDY_JSON).read_text())["verdicts"]
-    print(f"Wrote {report_path}; in short:", *summary_lines(verdicts), sep="\n")
+    study = json.loads((Path(report_path).parent / STUDY_JSON).read_text())
+    if study.get("joint_gradient"):  # its arms are not cooperative and independent towers: its own section says what it found
+        print(f"Wrote {report_path}; see its section \"What in cooperation makes the split: the joint gradient\".")
+    else:
+        print(f"Wrote {report_path}; in short:", *summary_lines(study["verdicts"]), sep="\n")
     if args.push_to_hub:
         pushed = push_study_dataset(Path(report_path).parent, args.push_to_hub, Path(args.output_dir) / HUB_DATASET_DIR,
                                     dry_run=args.dry_run)
