@@ -6,7 +6,8 @@ definitions.
 
 Per run, point and text: the cross-fitted r; where the study kept the scored text's tags, the part-of-speech z (and
 the same with the types' log-frequency trend removed), the z of the run's probe noise alone and the z over it at
-every tag threshold, the share of the per-type variance the function/content label explains, and d. Per text and
+every tag threshold, the share of the per-type variance the function/content label explains, and d; where the run
+kept the mean-ablation sums, the ablation agreement (its correlation with the probe preference). Per text and
 point: each endpoint's cells (2x2) or arms (joint-gradient experiment) with their means over seeds and 95% t
 intervals; the 2x2's effects (effect-coded linear model, t intervals, two-sided p) and the pooled cooperative means;
 the arms' paired differences with the exact sign-flip p; per cell or arm the cross-seed matched r (the mean over seed
@@ -197,6 +198,24 @@ def pooled_preference(sums: pd.DataFrame, num_towers: int, min_count: int):
     return token_ids, (contrast_sums[:, eligible] / count[eligible] - offset)[0]
 
 
+def ablation_agreement(sums: pd.DataFrame, num_towers: int, min_count: int) -> float | None:
+    """Endpoint 4: Pearson's r over the types seen min_count times in the whole text of the probe preference (tower
+    0's replica-mean log-prob less tower 1's, per occurrence) and the mean-ablation preference (the joint loss's rise
+    when tower 0 is mean-ablated less when tower 1 is, per occurrence); None without the ablation sums or for other
+    than two towers."""
+    ablation = [f"ablation_increase_sum_tower{tower}" for tower in range(2)]
+    if num_towers != 2 or any(column not in sums for column in ablation):
+        return None
+    totals = sums.groupby("token_id").sum(numeric_only=True).astype(float)
+    totals = totals[totals["count"] >= min_count]
+    replicas = sum(column.startswith("logprob_sum_probe") for column in totals) // num_towers
+    tower_logprob = [totals[[f"logprob_sum_probe{tower * replicas + k}" for k in range(replicas)]].mean(axis=1)
+                     for tower in range(2)]
+    probe = (tower_logprob[0] - tower_logprob[1]) / totals["count"]
+    measured = (totals[ablation[0]] - totals[ablation[1]]) / totals["count"]
+    return float(np.corrcoef(probe, measured)[0, 1])
+
+
 def matched_r(first, second) -> float:
     """Two runs' matched correlation over their shared types (two towers: |r| of tower 0's preferences)."""
     shared, a, b = np.intersect1d(first[0], second[0], return_indices=True)
@@ -264,9 +283,11 @@ def sign_flip_p(differences) -> float:
 ENDPOINT_LABELS = {"value": "cross-fitted r", "part_of_speech_z": "part-of-speech z",
                    "part_of_speech_z_frequency_adjusted": "part-of-speech z, log-frequency trend removed",
                    "noise_only_z": "part-of-speech z of probe noise alone", "z_over_noise": "part-of-speech z over noise",
-                   "variance_share": "variance share of the function/content label"}
+                   "variance_share": "variance share of the function/content label",
+                   "ablation_agreement": "ablation agreement"}
 RUN_ENDPOINTS = ("value", "part_of_speech_z", "part_of_speech_z_frequency_adjusted", "noise_only_z", "z_over_noise",
-                 "variance_share", *(f"z_over_noise_at_{t}" for t in THRESHOLDS if t != PRIMARY_THRESHOLD))
+                 "variance_share", *(f"z_over_noise_at_{t}" for t in THRESHOLDS if t != PRIMARY_THRESHOLD),
+                 "ablation_agreement")
 
 
 def run_rows(report_dir: Path, index: pd.DataFrame) -> list[dict]:
@@ -277,7 +298,8 @@ def run_rows(report_dir: Path, index: pd.DataFrame) -> list[dict]:
         figures = {"run": row.run, "seed": int(row.seed), "text": row.text, "step": int(row.step),
                    "cross_fitted_r": row.cross_fitted_r, "value": cross_fitted_r(sums, row.num_towers, row.min_count),
                    "pooled": pooled_preference(sums, row.num_towers, row.min_count),
-                   "cross_fitted": cross_fitted_tower_0(sums, row.num_towers, row.min_count)}
+                   "cross_fitted": cross_fitted_tower_0(sums, row.num_towers, row.min_count),
+                   "ablation_agreement": ablation_agreement(sums, row.num_towers, row.min_count)}
         if isinstance(getattr(row, "type_tags_path", None), str):
             tags = read_kept_table(report_dir / row.type_tags_path, TAGS_COLUMNS)
             figures |= part_of_speech_figures(sums, row.num_towers, row.min_count, tags)

@@ -186,11 +186,11 @@ def lean_beyond_noise(final: dict) -> dict:
     """
     Endpoint 3's words per arm: "beyond probe noise on every text" where the arm's mean z over noise (tags at 0.8)
     has its t interval above 0 on every text, "on TEXT only" where on some, else "not shown"; and the thresholds of
-    TAG_THRESHOLDS at which that interval holds 0 on some text (the sensitivity the words carry).
+    TAG_THRESHOLDS at which that interval holds 0 on some text (the sensitivity the words carry), also per text.
     """
     words = {}
     for arm in ARMS:
-        above, fragile = [], set()
+        above, fragile = [], {}
         for text, result in final.items():
             for threshold in TAG_THRESHOLDS:
                 name = PRIMARY_Z_OVER_NOISE if threshold == AGREEMENT_THRESHOLD else f"z_over_noise_at_{threshold}"
@@ -198,7 +198,7 @@ def lean_beyond_noise(final: dict) -> dict:
                 if figure is None:
                     continue
                 if not _excludes_zero_above(figure):
-                    fragile.add(threshold)
+                    fragile.setdefault(text, []).append(threshold)
                 elif threshold == AGREEMENT_THRESHOLD:
                     above.append(text)
         if not above:
@@ -207,7 +207,9 @@ def lean_beyond_noise(final: dict) -> dict:
             reading = "beyond probe noise on every text"
         else:
             reading = "beyond probe noise on " + ", ".join(above) + " only"
-        words[arm] = {"reading": reading, "texts_above": above, "thresholds_holding_zero": sorted(fragile)}
+        words[arm] = {"reading": reading, "texts_above": above,
+                      "thresholds_holding_zero": sorted({t for thresholds in fragile.values() for t in thresholds}),
+                      "thresholds_holding_zero_by_text": fragile}
     return words
 
 

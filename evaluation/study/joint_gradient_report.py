@@ -67,7 +67,7 @@ def recurrence_table(points: list[dict]) -> pd.DataFrame:
                          "rule: reading": "recurs" if rule["recurs"] else "model-specific",
                          "[seed interval]": _with_ci({"value": level["r"], "ci": level["r_ci"]}),
                          "seed-level p": _p(level["p"]), "seed level: reading":
-                             "recurs" if level["recurs"] else "model-specific", "seed pairs": level["num_pairs"]})
+                             "recurs" if level["recurs"] else "model-specific", "seed pairs": str(level["num_pairs"])})
         if recurrence["difference"] is not None:
             rows.append({"text": point["text"], "point": point_label(point),
                          "arm or difference": "joint minus stopped", "[seed interval]": _with_ci(recurrence["difference"])})

@@ -24,6 +24,7 @@ from ..scoring.formatting import markdown_table
 from ..scoring.report import template_environment
 from .document import TEMPLATES_DIR
 from .cross_fit import cross_fit_table
+from .joint_gradient import paired_difference
 from .long_run import long_run_table
 from .plots import plot_factorial_cells
 
@@ -59,13 +60,38 @@ def load_results(study_dir: Path) -> dict:
     return results
 
 
+def tower_heads_effect(results: dict) -> dict | None:
+    """
+    Not pre-registered: the joint-gradient experiment's joint arm (the 2x2's cooperative, shared-embedding model
+    with every tower's own head and loss added) minus that 2x2 cell, in cross-fitted r at the final point on the
+    primary text, paired by the seeds both have (the same recipe, data and seed, the heads apart). None until both
+    are complete.
+    """
+    causes, gradient = results.get("causes"), results.get("gradient")
+    experiment = gradient and gradient.get("joint_gradient")
+    if not causes or not experiment or experiment["runs_kept"] < experiment["runs_planned"]:
+        return None
+    factorial = causes["factorial"]
+    if factorial["runs_kept"] < factorial["runs_planned"]:
+        return None
+
+    def final_r(study):
+        return next(point["endpoints"]["cross_fitted_r"] for point in study["points"]
+                    if point["step"] == study["final_step"] and point["text"] == study["primary_text"])
+
+    cells = final_r(factorial)["cells"]
+    cell, joint = cells["cooperative, shared embedding"], final_r(experiment)["arms"]["joint"]
+    return {"cell": cell, "independent_shared": cells["independent, shared embedding"],
+            "difference": paired_difference(joint["per_seed"], cell["per_seed"])}
+
+
 def render_summary(results: dict, links: str, study_md: str) -> str:
     """The summary's Markdown; `links` and `study_md` are the paths from the page it goes into to the study folder
     (e.g. docs/study) and to docs/study.md."""
     environment = template_environment(TEMPLATES_DIR)
     return environment.get_template(SUMMARY_TEMPLATE).render(
         links=links, study_md=study_md, ci=_with_ci, percent=lambda share: f"{100 * share:.1f}%",
-        **{part: results.get(part) for part in PARTS})
+        tower_heads=tower_heads_effect(results), **{part: results.get(part) for part in PARTS})
 
 
 def render_findings(results: dict, links: str, study_md: str) -> str:
@@ -74,7 +100,7 @@ def render_findings(results: dict, links: str, study_md: str) -> str:
     environment = template_environment(TEMPLATES_DIR)
     return environment.get_template(FINDINGS_TEMPLATE).render(
         links=links, study_md=study_md, ci=_with_ci, percent0=lambda share: f"{100 * share:.0f}%",
-        causes=results["causes"], gradient=results.get("gradient"))
+        causes=results["causes"], gradient=results.get("gradient"), tower_heads=tower_heads_effect(results))
 
 
 def fill_blocks(path: Path, blocks: dict[str, str]) -> str:

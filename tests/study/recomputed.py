@@ -79,3 +79,36 @@ def assert_pooled_z_recomputed(script: dict, factorial: dict):
                      figures["cooperative_z_frequency_adjusted"])
         if figures.get("against_noise"):
             assert_close(point["cooperative_means"]["z_over_noise"], figures["against_noise"]["cooperative_z_over_noise"])
+
+
+def assert_arms_recomputed(script: dict, experiment: dict) -> int:
+    """Every figure of the joint-gradient experiment the script gives equals the document's (each endpoint's arms and
+    paired difference with its sign-flip p, the cross-seed r per arm and its pairs); returns how many were compared."""
+    compared = 0
+    for run in script["runs"]:
+        assert run["value"] == pytest.approx(run["cross_fitted_r"], abs=1e-6)
+    documents = {(p["text"], p["step"]): p for p in experiment["points"]}
+    mine_of = {theirs: mine for mine, theirs in ENDPOINTS.items()}
+    for point in script["points"]:
+        document = documents[(point["text"], point["step"])]
+        # every endpoint the document reads (the script gives more: the trend-removed z, the variance share)
+        for theirs, endpoint in document["endpoints"].items():
+            mine = mine_of.get(theirs, theirs)
+            figures = point["arms"][mine]
+            # the ablation agreement: the scoring's float64 sums against the kept float32 ones
+            tolerance = 1e-6 if mine == "ablation_agreement" else 1e-8
+            for arm, figure in figures["arms"].items():
+                assert figure["value"] == pytest.approx(endpoint["arms"][arm]["value"], abs=tolerance)
+                assert figure["ci"] == pytest.approx(endpoint["arms"][arm]["ci"], abs=tolerance)
+                compared += 1
+            difference = endpoint["difference"]
+            assert figures["difference"]["value"] == pytest.approx(difference["value"], abs=tolerance)
+            assert figures["difference"]["ci"] == pytest.approx(difference["ci"], abs=tolerance)
+            assert figures["difference"]["p"] == pytest.approx(difference["p"], abs=1e-12)
+            compared += 1
+        for arm, figure in point["arms"]["cross_seed"].items():
+            rule = document["recurrence"]["arms"][arm]["pair_rule"]
+            assert figure["r"] == pytest.approx(rule["r"], abs=1e-10)
+            assert sorted(figure["pair_r"].values()) == pytest.approx(sorted(rule["pair_r"]), abs=1e-10)
+            compared += 1
+    return compared

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from recomputed import assert_factorial_recomputed, assert_pooled_z_recomputed, recomputed
+from recomputed import assert_arms_recomputed, assert_factorial_recomputed, assert_pooled_z_recomputed, recomputed
 
 STUDY_DIR = Path(__file__).resolve().parents[2] / "docs" / "study"
 
@@ -19,3 +19,13 @@ def test_the_2x2_recomputes_from_its_kept_tables():
     assert len(script["runs"]) == 16 * 2 * 2  # runs x points x texts
     assert assert_factorial_recomputed(script, factorial) > 250
     assert_pooled_z_recomputed(script, factorial)
+
+
+@pytest.mark.slow
+def test_the_joint_gradient_experiment_recomputes_from_its_kept_tables():
+    report_dir = STUDY_DIR / "gradient"
+    experiment = json.loads((report_dir / "study.json").read_text())["joint_gradient"]
+    script = recomputed(report_dir)
+    assert len(script["runs"]) == 16 * 2 * 2  # runs x points x texts
+    # 4 points x (9 endpoints x 3 figures + 2 arms' cross-seed r)
+    assert assert_arms_recomputed(script, experiment) == 4 * (9 * 3 + 2)

@@ -3,7 +3,9 @@
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from twotower.evaluation.study.factorial import factorial_verdict
 from twotower.evaluation.study.summary import (
@@ -95,16 +97,47 @@ def test_readme_findings_state_each_finding_with_its_figures_and_follow_them():
     noise |= {"beyond_noise": False}
     cell = primary["cross_seed"]["cells"]["cooperative, shared embedding"]
     cell["seed_level"] |= {"recurs": False, "p": 0.3}
-    results["gradient"] = {"joint_gradient": {
-        "runs_kept": 16, "runs_planned": 16, "final_step": 4000, "primary_text": "wikitext-2-test",
-        "verdict": {"explanation": "the architecture makes the split, no effect of the joint gradient shown"},
-        "points": [{"step": 4000, "text": "wikitext-2-test", "endpoints": {
-            "cross_fitted_r": {"difference": {"value": 0.01, "ci": [-0.1, 0.12], "n": 8}}}}]}}
     changed = render_findings(results, "docs/study", "docs/study.md")
     assert "on the Gutenberg novels (not beyond noise)" in changed
     assert "not shown above chance (seed-level permutation p 0.300)" in changed
-    assert ("the joint-gradient experiment answers: *the architecture makes the split, no effect of the joint "
-            "gradient shown* (cross-fitted r with the gradient minus without, 0.01 [-0.10, 0.12], 8 seeds)") in changed
+
+
+def _final_r(study):
+    return next(point["endpoints"]["cross_fitted_r"] for point in study["points"]
+                if point["step"] == study["final_step"] and point["text"] == study["primary_text"])
+
+
+def test_the_joint_gradient_experiment_is_read_with_its_tower_heads_against_the_2x2_and_the_words_follow():
+    results = copy.deepcopy(load_results(STUDY_DIR))
+    experiment, factorial = results["gradient"]["joint_gradient"], results["causes"]["factorial"]
+    assert experiment["runs_kept"] == experiment["runs_planned"] == 16
+    r, cell = _final_r(experiment), _final_r(factorial)["cells"]["cooperative, shared embedding"]
+    # the tower heads' effect, recomputed here: the joint arm minus the 2x2's cell over the seeds both have
+    seeds = sorted(set(r["arms"]["joint"]["per_seed"]) & set(cell["per_seed"]))
+    differences = [r["arms"]["joint"]["per_seed"][seed] - cell["per_seed"][seed] for seed in seeds]
+    low, high = stats.t.interval(0.95, len(differences) - 1, loc=np.mean(differences), scale=stats.sem(differences))
+    figure = f"{np.mean(differences):.2f} [{low:.2f}, {high:.2f}], {len(seeds)} seeds"
+    findings = render_findings(results, "docs/study", "docs/study.md")
+    summary = render_summary(results, "docs/study", "docs/study.md")
+    difference = r["difference"]
+    assert (f"(cross-fitted r with the gradient minus without, {difference['value']:.2f} [{difference['ci'][0]:.2f}, "
+            f"{difference['ci'][1]:.2f}], 8 seeds: *{experiment['verdict']['explanation']}*)") in findings
+    assert f"(the joint arm minus the 2x2, paired by seed, {figure}; a comparison not pre-registered)" in findings
+    assert f"the joint arm minus that cell, paired by seed, {figure}, not pre-registered" in summary
+    # the words follow the numbers: towers whose own losses strengthen the split, a joint gradient that matters
+    weakened = "the towers' own losses weakened the split"
+    assert (weakened in findings) == (high < 0)
+    for seed in seeds:
+        r["arms"]["joint"]["per_seed"][seed] = cell["per_seed"][seed] + 0.1 + 0.01 * int(seed)
+    difference |= {"value": 0.2, "ci": [0.05, 0.35]}
+    changed = render_findings(results, "docs/study", "docs/study.md")
+    assert "the towers' own losses strengthened the split" in changed and weakened not in changed
+    assert "Stopping it changed the split (cross-fitted r with the gradient minus without, 0.20 [0.05, 0.35]" in changed
+    assert "adds nothing shown" not in changed and "adds nothing shown" not in render_summary(results, ".", "x")
+    # an experiment still running is not read
+    experiment["runs_kept"] = 8
+    assert "is under way (8 of 16 runs kept)" in render_findings(results, "docs/study", "docs/study.md")
+    assert "not read before every run is kept" in render_summary(results, ".", "x")
 
 
 def test_a_document_without_a_block_or_with_an_unknown_one_is_refused(tmp_path):
