@@ -1,6 +1,7 @@
 """
 Convert the kept runs of a tower preference study's report folder to the kept form of today's study
-(evaluation/study/kept_tables.py): per scored point, per-type sums in place of gzipped per-token CSVs.
+(evaluation/study/kept_tables.py): per scored point, per-type sums in place of gzipped per-token CSVs; one shared
+copy of each tokenizer; the folder's figures as palette PNGs.
 
     python scripts/convert_kept_runs.py docs/study/causes           # after copying in runs kept by earlier code
     python scripts/convert_kept_runs.py docs/study --revision HEAD   # the revision that holds the CSVs (default)
@@ -15,6 +16,14 @@ In every kept run (REPORT_DIR/runs/RUN with its run.json), at every point and te
 - elsewhere (a run scored before type sums) the CSV becomes type_totals.parquet (kept_tables.write_type_totals), and
   is removed only where the git revision holds it byte for byte; otherwise it stays, and the script says so: commit
   it, then run the script again.
+
+In every kept run with its own tokenizer (runs/RUN/tokenizer.json.gz, as the study kept it before the shared folder),
+the tokenizer moves into the report folder's shared copy, REPORT_DIR/tokenizers/DIGEST.json.gz (each distinct
+tokenizer once: kept_tables.keep_tokenizer), and run.json names it (`kept_tokenizer`); the run's own copy is removed
+only after the shared copy is read back with the same tokenizer.json bytes.
+
+The figures of the report folder (REPORT_DIR/*.png) that earlier code saved as RGBA PNGs are written again as
+today's study saves them (scoring/report.py save_figure: palette PNGs, a third of the bytes, the same picture).
 
 Every removed CSV that the revision holds is listed in REPORT_DIR/full_tables.json with that revision and its
 sha256 (evaluation/study/full_tables.py), from where `--push_to_hub` stages it into the study's Hub dataset. Nothing
@@ -32,14 +41,15 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from twotower.evaluation.scoring.cross_fitting import CrossFittedPreference
-from twotower.evaluation.scoring.report import load_report
+from twotower.evaluation.scoring.report import load_report, repack_png
 from twotower.evaluation.scoring.report_files import PER_TOKEN_CSV, TYPE_SUMS_PARQUET
 from twotower.evaluation.scoring.type_sums import METADATA_KEY, PROBE_SUMS, read_type_sums, write_kept_type_sums
 from twotower.evaluation.study.full_tables import record_full_tables, revision_holding, sha256_of
 from twotower.evaluation.study.kept_tables import (
-    KEPT_TOKENIZER, RUN_SUMMARY, TYPE_TOTALS_PARQUET, per_token_table_of_sums, per_token_table_of_totals,
-    write_type_totals,
+    KEPT_TOKENIZER, RUN_SUMMARY, RUN_TOKENIZER_KEY, TYPE_TOTALS_PARQUET, keep_tokenizer, kept_tokenizer_file,
+    per_token_table_of_sums, per_token_table_of_totals, read_kept_tokenizer, write_type_totals,
 )
+from twotower.training.utils.atomic import write_text_atomically
 
 CSV_GZ = f"{PER_TOKEN_CSV}.gz"
 TABLE_TOLERANCE = 1e-5  # float32 sums against the CSV's float64 figures (evaluation/scoring/type_sums.py)
@@ -83,6 +93,33 @@ def check_cross_fitted_r(sums_path: Path, scores: dict, num_towers: int) -> None
                          f"{written}; nothing was replaced.")
 
 
+def share_tokenizer(run_dir: Path, summary: dict) -> bool:
+    """
+    Move a kept run's own tokenizer (runs/RUN/tokenizer.json.gz) into the report folder's shared copy and name that
+    in its run.json (rewritten as the study writes it); True where one moved. The run's copy is removed only after
+    the shared copy reads back as the same tokenizer.json, byte for byte: a damaged copy, or a run.json naming
+    another tokenizer, is an error and nothing is removed.
+    """
+    own = run_dir / KEPT_TOKENIZER
+    if not own.is_file():
+        return False
+    data = read_kept_tokenizer(own)
+    if data is None:
+        raise ValueError(f"{own} cannot be read (damaged or cut short); it stays, and nothing was moved.")
+    report_dir = run_dir.parent.parent
+    if not summary.get(RUN_TOKENIZER_KEY):
+        summary[RUN_TOKENIZER_KEY] = keep_tokenizer(report_dir, data)
+        if read_kept_tokenizer(kept_tokenizer_file(run_dir, summary)) != data:
+            raise ValueError(f"{kept_tokenizer_file(run_dir, summary)} does not read back as {own}; nothing removed.")
+        write_text_atomically(run_dir / RUN_SUMMARY, json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    shared = kept_tokenizer_file(run_dir, summary)
+    if read_kept_tokenizer(shared) != data:
+        raise ValueError(f"{run_dir / RUN_SUMMARY} names the tokenizer {shared}, which does not hold the bytes of "
+                         f"the run's own {own}; both stay: check which one the run was scored with.")
+    own.unlink()
+    return True
+
+
 def convert_point(score_folder: Path, scores: dict, run_dir: Path, num_towers: int, revision: str) -> dict | None:
     """
     Convert one score folder; returns the full_tables.json entry of the CSV it removed (None where it removed none,
@@ -102,7 +139,7 @@ def convert_point(score_folder: Path, scores: dict, run_dir: Path, num_towers: i
             report, original = load_report(score_folder)
             if has_sums:
                 converted, _ = per_token_table_of_sums(staged.get(sums_path, sums_path), report,
-                                                       run_dir / KEPT_TOKENIZER)
+                                                       kept_tokenizer_file(run_dir))
             else:
                 totals = score_folder / TYPE_TOTALS_PARQUET
                 staged[totals] = write_type_totals(Path(staging) / totals.name, report, original)
@@ -126,11 +163,14 @@ def convert_point(score_folder: Path, scores: dict, run_dir: Path, num_towers: i
 
 
 def convert_report_folder(report_dir, revision: str = "HEAD") -> list[dict]:
-    """Convert every kept run of `report_dir`; returns the entries added to its full_tables.json."""
+    """Convert every kept run of `report_dir` (its tokenizer into the shared folder, its points); returns the
+    entries added to its full_tables.json."""
     report_dir = Path(report_dir)
     removed = []
     for run_dir in sorted(path.parent for path in (report_dir / "runs").glob(f"*/{RUN_SUMMARY}")):
         summary = json.loads((run_dir / RUN_SUMMARY).read_text(encoding="utf-8"))
+        if share_tokenizer(run_dir, summary):
+            print(f"{run_dir}: its tokenizer is now {kept_tokenizer_file(run_dir, summary)}")
         for score_folder, scores in point_folders(run_dir, summary):
             entry = convert_point(score_folder, scores, run_dir, summary["run"]["num_towers"], revision)
             if entry is not None:
@@ -140,12 +180,20 @@ def convert_report_folder(report_dir, revision: str = "HEAD") -> list[dict]:
     return removed
 
 
+def repack_figures(report_dir) -> list[Path]:
+    """The report folder's figures saved before palette PNGs, written again as save_figure writes them; returns
+    them (none where every figure is a palette PNG already)."""
+    return [path for path in sorted(Path(report_dir).glob("*.png")) if repack_png(path)]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("report_dir", type=Path, help="a study's report folder (holding runs/RUN/run.json)")
     parser.add_argument("--revision", default="HEAD", help="the git revision that holds the CSVs (default HEAD)")
     args = parser.parse_args(argv)
     removed = convert_report_folder(args.report_dir, args.revision)
+    figures = repack_figures(args.report_dir)
+    print(f"{args.report_dir}: {len(figures)} figures written again as palette PNGs")
     print(f"{args.report_dir}: {len(removed)} per-token CSVs removed, each listed in full_tables.json with the "
           "revision that holds it")
 

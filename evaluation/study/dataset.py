@@ -10,8 +10,8 @@ Each run is a configuration, each of its points and texts a split (`step_S.TEXT`
 character other than a letter, digit or underscore as "_"). The full per-token tables that the folder's runs no
 longer keep (full_tables.py) are the configuration `full_tables`, one split per run and text (`RUN.TEXT`, spelled
 so). `stage_dataset` copies what a Hub dataset repository holds (the card, the index, each run's type sums or type
-totals, tokenizer and run.json, the full per-token tables from the git revision that holds them, the document) into a
-folder, and `push_study_dataset` uploads it with huggingface_hub as the model publishing does.
+totals and run.json, the runs' tokenizers, the full per-token tables from the git revision that holds them, the
+document) into a folder, and `push_study_dataset` uploads it with huggingface_hub as the model publishing does.
 """
 
 import dataclasses
@@ -28,14 +28,14 @@ from twotower.training.utils.errors import TwoTowerUserError
 
 from ..scoring.report_files import TYPE_SUMS_PARQUET
 from .full_tables import FULL_TABLES_JSON, full_table_bytes, read_full_tables
-from .kept_tables import TYPE_TOTALS_PARQUET
+from .kept_tables import KEPT_TOKENIZER, KEPT_TOKENIZERS_DIR, TYPE_TOTALS_PARQUET, kept_tokenizer_file
 from .parts_of_speech import TYPE_TAGS_DIR, type_tags_path
 
 RUN_INDEX_PARQUET = "run_index.parquet"
 DATASET_CARD = "README.md"
 CARD_TEMPLATE = "study_dataset_card.md.j2"
 # beside the tables: the document and the scored texts' part-of-speech tags
-STAGED_FILES = ("STUDY.md", "study.json", "*.png", f"{TYPE_TAGS_DIR}/*.parquet")
+STAGED_FILES = ("STUDY.md", "study.json", "*.png", f"{TYPE_TAGS_DIR}/*.parquet", f"{KEPT_TOKENIZERS_DIR}/*.json.gz")
 
 
 def split_name(step: int, text: str) -> str:
@@ -61,7 +61,8 @@ def family_options(study, family: str) -> dict:
 
 def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
     """One row per run, trajectory point and text whose type sums are kept: what a recomputation needs to know of
-    the run (family, seed, its factors, towers, the eligibility threshold) and the cross-fitted r its scoring wrote."""
+    the run (family, seed, its factors, towers, the eligibility threshold, its tokenizer's file) and the cross-fitted
+    r its scoring wrote."""
     rows = []
     for summary in summaries:
         run = summary["run"]
@@ -73,8 +74,9 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
                 if not (runs_dir.parent / path).is_file():
                     continue
                 cross_fit = scores.get("cross_fit") or {}
-                tokenizer_file = runs_dir / run["name"] / "tokenizer.json.gz"
-                tags = type_tags_path(runs_dir.parent, text, tokenizer_file) if tokenizer_file.is_file() else None
+                tokenizer_file = kept_tokenizer_file(runs_dir / run["name"], summary)
+                tokenizer = tokenizer_file.relative_to(runs_dir.parent).as_posix() if tokenizer_file.is_file() else None
+                tags = type_tags_path(runs_dir.parent, text, tokenizer_file) if tokenizer else None
                 tags = tags.relative_to(runs_dir.parent).as_posix() if tags and tags.is_file() else None
                 rows.append({"run": run["name"], "family": run["family"], "seed": run["seed"],
                              **family_options(study, run["family"]), "num_towers": run["num_towers"],
@@ -82,7 +84,7 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
                              "multiple": point["step"] / summary["trajectory"][0]["step"], "text": text,
                              "split": split_name(point["step"], text), "min_count": cross_fit.get("min_count"),
                              "cross_fitted_r": cross_fit.get("cross_fitted_r"), "path": path.as_posix(),
-                             "type_tags_path": tags})
+                             "tokenizer_path": tokenizer, "type_tags_path": tags})
     return pd.DataFrame(rows)
 
 
@@ -116,9 +118,10 @@ def write_dataset_card(summaries, report_dir: Path, study, render_template) -> P
 
 
 def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
-    """A folder holding what the Hub dataset repository gets: the card, the index, each kept run's run.json,
-    tokenizer and type sums (or type totals), the full per-token tables the folder lists (read from git where the
-    working tree no longer has them), and the document (replaced whole if it existed)."""
+    """A folder holding what the Hub dataset repository gets: the card, the index, each kept run's run.json and
+    type sums (or type totals), the runs' tokenizers (a run kept before the shared folder: its own), the full
+    per-token tables the folder lists (read from git where the working tree no longer has them), and the document
+    (replaced whole if it existed)."""
     report_dir = Path(report_dir)
     if not (report_dir / DATASET_CARD).is_file():
         raise TwoTowerUserError(
@@ -130,7 +133,7 @@ def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
                                           if (report_dir / name).is_file()]]
     files += [path for pattern in STAGED_FILES for path in report_dir.glob(pattern)]
     for pattern in (f"runs/*/**/{TYPE_SUMS_PARQUET}", f"runs/*/**/{TYPE_TOTALS_PARQUET}", "runs/*/run.json",
-                    "runs/*/tokenizer.json.gz"):
+                    f"runs/*/{KEPT_TOKENIZER}"):
         files += report_dir.glob(pattern)
     staging_dir = Path(staging_dir)
     partial = staging_dir.with_name(f".{staging_dir.name}.partial")

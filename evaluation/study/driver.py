@@ -8,8 +8,9 @@ independent-towers control and token categories.
 Runs resume: a finished run is not repeated, and within a run each finished phase (a saved model, a written score
 folder) is reused. So an interrupted study continues where it stopped, and a grid can be spread over GPUs or machines
 with --runs (a regular expression over run names) and aggregated at the end. The report folder keeps what the
-document reads of every finished run (REPORT_DIR/runs/RUN: run.json, the tokenizer, each text's preference.json and
-each scored point's per-type sums, from which its per-token table is recomputed: kept_tables.py;
+document reads of every finished run (REPORT_DIR/runs/RUN: run.json, each text's preference.json and each scored
+point's per-type sums, from which with the run's tokenizer its per-token table is recomputed: kept_tables.py;
+REPORT_DIR/tokenizers/DIGEST.json.gz: each distinct tokenizer of the runs once, named in their run.json;
 REPORT_DIR/convergence/RUN.json: the convergence curves), and the document is made from those alone: with
 --report_dir docs/study, a fresh clone of the repository continues the study where the committed results stop, and
 OUTPUT_DIR (models and checkpoints, gigabytes) can be deleted once a run is finished.
@@ -33,7 +34,6 @@ run `convergence_factor` times as long as the family's.
 """
 
 import dataclasses
-import gzip
 import json
 import math
 import re
@@ -63,7 +63,7 @@ from ..scoring.report_files import TYPE_SUMS_PARQUET
 from ..scoring.score import score_model
 from .config import StudyConfig, StudyRun, load_study_config
 from .kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
-from .kept_tables import KEPT_TOKENIZER, TYPE_TOTALS_PARQUET, keep_point_sums, write_type_totals
+from .kept_tables import RUN_TOKENIZER_KEY, TYPE_TOTALS_PARQUET, keep_point_sums, keep_tokenizer, write_type_totals
 from .dataset import push_study_dataset
 from .document import STUDY_JSON, summary_lines, write_study_report
 from .parts_of_speech import kept_type_tag_table
@@ -306,7 +306,8 @@ def keep_run_results(run_dir: Path, kept_dir: Path, texts: dict) -> None:
     Copy what the document reads of a finished run into the report folder: run.json, with the pretrained model's
     objective and the unigram cross-entropy of the training text under the run's tokenizer, each text's
     preference.json and its scored points' per-type sums (keep_type_sums; a text scored without them keeps its
-    per-token table's type totals: kept_tables.py). Written whole or not at all (a folder renamed into place).
+    per-token table's type totals: kept_tables.py). Written whole or not at all (a folder renamed into place); the
+    run's tokenizer is kept before, once per report folder (REPORT_DIR/tokenizers, named in run.json).
     """
     summary = load_run_summary(run_dir / RUN_SUMMARY)
     model_dir = run_dir / "pretrain" / FINAL_MODEL_DIR
@@ -322,6 +323,9 @@ def keep_run_results(run_dir: Path, kept_dir: Path, texts: dict) -> None:
         if not (source / TYPE_SUMS_PARQUET).is_file():  # scored without cross-fitting: no sums to recompute it from
             write_type_totals(kept / TYPE_TOTALS_PARQUET, *load_report(source))
     keep_type_sums(run_dir, partial, summary)
+    tokenizer_file = model_dir / "tokenizer.json"
+    if tokenizer_file.is_file():  # the report folder's copy, before the run.json that names it
+        summary[RUN_TOKENIZER_KEY] = keep_tokenizer(kept_dir.parent.parent, tokenizer_file.read_bytes())
     (partial / RUN_SUMMARY).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     shutil.rmtree(kept_dir, ignore_errors=True)  # never a finished copy: that one has its run.json
     partial.replace(kept_dir)
@@ -330,9 +334,9 @@ def keep_run_results(run_dir: Path, kept_dir: Path, texts: dict) -> None:
 def keep_type_sums(run_dir: Path, kept_dir: Path, summary: dict) -> None:
     """
     Each scored point's per-half, per-type sums (every trajectory step's, every text's) in the study's kept form
-    (kept_tables.keep_point_sums: the last point's whole, an earlier point's counts and probe sums), and the run's
-    tokenizer (gzipped): from these alone every per-type figure of the run, its cross-fitted r and a per-type tagging
-    of the texts can be recomputed. Points scored without cross-fitting have none.
+    (kept_tables.keep_point_sums: the last point's whole, an earlier point's counts and probe sums): from these and
+    the run's kept tokenizer alone every per-type figure of the run, its cross-fitted r and a per-type tagging of the
+    texts can be recomputed. Points scored without cross-fitting have none.
     """
     last_step = summary["trajectory"][-1]["step"]
     for point in summary["trajectory"]:
@@ -343,9 +347,6 @@ def keep_type_sums(run_dir: Path, kept_dir: Path, summary: dict) -> None:
                 kept = kept_dir / point_dir / "scores" / text / TYPE_SUMS_PARQUET
                 min_count = point["scores"][text]["cross_fit"]["min_count"]
                 keep_point_sums(source, kept, min_count, is_last=point["step"] == last_step)
-    tokenizer_file = run_dir / "pretrain" / FINAL_MODEL_DIR / "tokenizer.json"
-    if tokenizer_file.is_file():
-        (kept_dir / KEPT_TOKENIZER).write_bytes(gzip.compress(tokenizer_file.read_bytes(), mtime=0))
 
 
 def keep_convergence_results(run: StudyRun, out_dir: Path, kept_file: Path) -> None:

@@ -28,6 +28,7 @@ from twotower.training.arguments import load_config
 from ..scoring.cross_fitting import NUM_HALVES, CrossFittedPreference
 from ..scoring.report_files import TYPE_SUMS_PARQUET
 from .cross_fit import t_interval
+from .kept_tables import kept_tokenizer_file
 from ..scoring.parts_of_speech_tagging import AGREEMENT_THRESHOLD
 from .parts_of_speech import (
     cross_fitted_function_content_contrast, noise_only_contrast_z, seeds_function_content_contrast, tags_at,
@@ -69,7 +70,7 @@ def family_factors(study) -> dict[str, dict]:
 class KeptPoint:
     """One run's scored point on one text, as the report folder keeps it: what a per-run endpoint reads."""
 
-    run_dir: Path  # the kept run folder (run.json, tokenizer.json.gz, scores/, trajectory/)
+    run_dir: Path  # the kept run folder (run.json, scores/, trajectory/; its tokenizer: kept_tokenizer_file)
     summary: dict  # run.json
     text: str
     step: int
@@ -344,7 +345,7 @@ def kept_points(summaries, runs_dir, factors, text, step, type_tag_table_of=None
         point = KeptPoint(runs_dir / run["name"], summary, text, step)
         if point.path.is_file():
             if type_tag_table_of is not None:
-                point.type_tag_table = type_tag_table_of(text, point.run_dir / "tokenizer.json.gz")
+                point.type_tag_table = type_tag_table_of(text, kept_tokenizer_file(point.run_dir, summary))
                 point.type_tags = None if point.type_tag_table is None else tags_at(point.type_tag_table)
             points.append((factors[run["family"]] | {"family": run["family"], "seed": run["seed"]}, point))
     return points

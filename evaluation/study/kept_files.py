@@ -1,6 +1,7 @@
 """
-The study's kept files, checked as they are read, values included: each run's (REPORT_DIR/runs/RUN), the convergence
-runs' (REPORT_DIR/convergence) and the part-of-speech tags of each text (REPORT_DIR/type_tags). A file cut short or
+The study's kept files, checked as they are read, values included: each run's (REPORT_DIR/runs/RUN, and the tokenizer
+its run.json names in REPORT_DIR/tokenizers), the convergence runs' (REPORT_DIR/convergence) and the part-of-speech
+tags of each text (REPORT_DIR/type_tags). A file cut short or
 damaged, a table without the columns its readers need, or a number that is NaN or infinite (the study writes none) is
 named, with the run it belongs to, and set aside: that run alone is kept again or run again, a text tagged again; the
 others stay. (The index of the kept tables, REPORT_DIR/run_index.parquet, is written anew by every aggregation;
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 from twotower.training.utils.errors import TwoTowerUserError
 
 from ..scoring.report_files import TYPE_SUMS_PARQUET
+from .kept_tables import KEPT_TOKENIZER, RUN_SUMMARY, RUN_TOKENIZER_KEY, kept_tokenizer_file, tokenizer_digest
 
 # What the readers need of each kind of kept table: its columns (a type_sums table also one logprob_sum_probe{k} per
 # probe), and which of them hold numbers that must be finite (None: every numeric column).
@@ -56,12 +58,35 @@ def _gzip_problem(path: Path) -> str | None:
         data = gzip.decompress(path.read_bytes())  # its CRC and length are checked at the end
     except (OSError, EOFError, zlib.error) as error:
         return f"{path} cannot be read ({error})"
-    if path.name == "tokenizer.json.gz":
-        try:
-            json.loads(data)
-        except ValueError as error:
-            return f"{path} does not hold a tokenizer ({error})"
+    if path.name == KEPT_TOKENIZER:
+        return _tokenizer_problem(path, data)
     return None
+
+
+def _tokenizer_problem(path: Path, data: bytes) -> str | None:
+    try:
+        json.loads(data)
+    except ValueError as error:
+        return f"{path} does not hold a tokenizer ({error})"
+    return None
+
+
+def shared_tokenizer_problem(kept_dir: Path) -> str | None:
+    """Why the report folder's tokenizer that a kept run's run.json names (REPORT_DIR/tokenizers/DIGEST.json.gz) is
+    not one it can read (missing, damaged, or not the tokenizer its name says), or None (none named)."""
+    summary = json.loads((kept_dir / RUN_SUMMARY).read_text(encoding="utf-8"))
+    if not summary.get(RUN_TOKENIZER_KEY):
+        return None
+    path = kept_tokenizer_file(kept_dir, summary)
+    if not path.is_file():
+        return f"{path}, the tokenizer its {RUN_SUMMARY} names, is missing"
+    problem = _gzip_problem(path)
+    if problem is not None:
+        return problem
+    data = gzip.decompress(path.read_bytes())
+    if path.name != f"{tokenizer_digest(data)}.json.gz":
+        return f"{path} does not hold the tokenizer its name says (its sha256 begins {tokenizer_digest(data)})"
+    return _tokenizer_problem(path, data)
 
 
 def table_problem(path: Path, kind: str | None) -> str | None:
@@ -104,7 +129,8 @@ def set_aside_damaged_table(path: Path, kind: str, redo: str) -> bool:
 
 
 def kept_run_problem(kept_dir: Path) -> str | None:
-    """The first damaged file of a kept run (run.json, each preference.json, table, sums, tokenizer), or None."""
+    """The first damaged file of a kept run (run.json, each preference.json, table, sums, tokenizer, the shared
+    tokenizer its run.json names), or None."""
     kept_dir = Path(kept_dir)
     for path in sorted(kept_dir.rglob("*")):
         if path.suffix == ".json":
@@ -117,7 +143,7 @@ def kept_run_problem(kept_dir: Path) -> str | None:
             problem = None
         if problem is not None:
             return problem
-    return None
+    return shared_tokenizer_problem(kept_dir) if (kept_dir / RUN_SUMMARY).is_file() else None
 
 
 def set_aside_if_damaged(kept_dir: Path, label: str) -> bool:

@@ -5,9 +5,15 @@ A run keeps, in REPORT_DIR/runs/RUN (driver.keep_run_results):
 
 - at its last point, per scored text (scores/TEXT/): preference.json and type_sums.parquet in the kept form of
   scoring/type_sums.py (counts, the probes' sums, the sums of squares and the ablation's sums per half and type),
-  from which, with the run's tokenizer (tokenizer.json.gz), the scoring command's per-token table is recomputed;
+  from which, with the run's tokenizer, the scoring command's per-token table is recomputed;
 - at each earlier trajectory point (trajectory/step-S/scores/TEXT/): type_sums.parquet with the counts and the
   probes' sums alone, what the cross-fitted figures read of it (no per-token table is read there).
+
+The runs' tokenizers are kept once per report folder, each distinct one in REPORT_DIR/tokenizers/DIGEST.json.gz
+(gzipped tokenizer.json; DIGEST, `tokenizer_digest`: the first 12 hex digits of its sha256, which also names the
+texts' tags under it, parts_of_speech.type_tags_path); a run's run.json names its file (RUN_TOKENIZER_KEY, the path
+relative to the report folder). A run kept before that keeps its own copy, runs/RUN/tokenizer.json.gz (KEPT_TOKENIZER),
+which `kept_tokenizer_file` reads as well; scripts/convert_kept_runs.py moves it into the shared folder.
 
 A run scored before the sums were kept (no type_sums.parquet) keeps, in place of its per-token CSV, type_totals.parquet
 (TYPE_TOTALS_PARQUET): per eligible type its token string, count and every probe's summed log-probability over the
@@ -20,7 +26,9 @@ before this form), as a KeptReport.
 """
 
 import gzip
+import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +47,9 @@ from ..scoring.type_sums import (
 )
 
 TYPE_TOTALS_PARQUET = "type_totals.parquet"
-KEPT_TOKENIZER = "tokenizer.json.gz"
+KEPT_TOKENIZER = "tokenizer.json.gz"  # a run's own tokenizer, as runs kept before the shared folder keep it
+KEPT_TOKENIZERS_DIR = "tokenizers"  # REPORT_DIR/tokenizers/DIGEST.json.gz: each distinct tokenizer once
+RUN_TOKENIZER_KEY = "kept_tokenizer"  # run.json: its tokenizer's file, relative to the report folder
 RUN_SUMMARY = "run.json"
 # what an earlier trajectory point keeps of its sums: what the cross-fitted figures (and the cross-seed r) read
 TRAJECTORY_COLUMNS = ("half", "token_id", "count")
@@ -63,6 +73,49 @@ def _probe_means_of_totals(sums: TypeSums) -> np.ndarray:
 def _run_folder(score_folder: Path) -> Path:
     """The kept run folder (the one with run.json) above a score folder of any of its points."""
     return next(folder for folder in score_folder.parents if (folder / RUN_SUMMARY).is_file())
+
+
+def tokenizer_digest(tokenizer_json: bytes) -> str:
+    """The name the study gives a tokenizer: the first 12 hex digits of its tokenizer.json's sha256 (of its kept
+    file, and of the texts' tags under it)."""
+    return hashlib.sha256(tokenizer_json).hexdigest()[:12]
+
+
+def kept_tokenizer_path(report_dir, tokenizer_json: bytes) -> Path:
+    """Where a report folder keeps a tokenizer: REPORT_DIR/tokenizers/DIGEST.json.gz."""
+    return Path(report_dir, KEPT_TOKENIZERS_DIR, f"{tokenizer_digest(tokenizer_json)}.json.gz")
+
+
+def read_kept_tokenizer(path) -> bytes | None:
+    """The tokenizer.json a kept (gzipped) tokenizer file holds, or None where it is missing or damaged."""
+    try:
+        return gzip.decompress(Path(path).read_bytes())
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
+        return None
+
+
+def keep_tokenizer(report_dir, tokenizer_json: bytes) -> str:
+    """
+    Keep a tokenizer in the report folder once (kept_tokenizer_path; gzipped, written atomically), and return its
+    path relative to the report folder, what a run's run.json names (RUN_TOKENIZER_KEY). A file already there is
+    left as it is where it holds these bytes, and written again where it does not (damaged, cut short).
+    """
+    path = kept_tokenizer_path(report_dir, tokenizer_json)
+    if read_kept_tokenizer(path) != tokenizer_json:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda tmp: Path(tmp).write_bytes(gzip.compress(tokenizer_json, mtime=0)))
+    return path.relative_to(report_dir).as_posix()
+
+
+def kept_tokenizer_file(run_dir, summary: dict | None = None) -> Path:
+    """A kept run's tokenizer file: the report folder's that its run.json (`summary`, read from run_dir where not
+    given) names, or, for a run kept before the shared folder, its own runs/RUN/tokenizer.json.gz (neither file need
+    exist: a run kept without a tokenizer)."""
+    run_dir = Path(run_dir)
+    if summary is None:
+        summary = json.loads((run_dir / RUN_SUMMARY).read_text(encoding="utf-8"))
+    name = summary.get(RUN_TOKENIZER_KEY)
+    return run_dir.parent.parent / name if name else run_dir / KEPT_TOKENIZER
 
 
 def tokens_of_kept_tokenizer(path: Path):
@@ -114,7 +167,7 @@ def load_kept_report(score_folder) -> KeptReport:
         return KeptReport(*load_report(score_folder), None)  # a missing report is its error
     report = json.loads((score_folder / PREFERENCE_JSON).read_text(encoding="utf-8"))
     if (score_folder / TYPE_SUMS_PARQUET).is_file():
-        tokenizer_file = _run_folder(score_folder) / KEPT_TOKENIZER
+        tokenizer_file = kept_tokenizer_file(_run_folder(score_folder))
         return KeptReport(report, *per_token_table_of_sums(score_folder / TYPE_SUMS_PARQUET, report, tokenizer_file))
     return KeptReport(report, *per_token_table_of_totals(score_folder / TYPE_TOTALS_PARQUET, report))
 

@@ -22,7 +22,6 @@ alone, without spaCy.
 """
 
 import gzip
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from twotower.training.utils.atomic import write_atomically
 from ..scoring.cross_fitting import CrossFittedPreference
 from ..scoring.parts_of_speech_tagging import AGREEMENT_THRESHOLD, TypeTags, tag_lines, tagged_types, tagger_available
 from .kept_files import set_aside_damaged_table
+from .kept_tables import tokenizer_digest
 from ..tower_preference.parts_of_speech import (
     CONTENT_TAGS, FUNCTION_TAGS, NUM_PERMUTATIONS, contrast_across_runs, function_content_contrast,
 )
@@ -155,9 +155,10 @@ TYPE_TAGS_DIR = "type_tags"
 
 
 def type_tags_path(report_dir, text_name: str, tokenizer_file) -> Path:
-    """Where the study keeps a text's tags for a kept run's tokenizer (`tokenizer.json.gz`):
-    `report_dir/type_tags/{text_name}-{the tokenizer's sha256[:12]}.parquet`."""
-    digest = hashlib.sha256(gzip.decompress(Path(tokenizer_file).read_bytes())).hexdigest()[:12]
+    """Where the study keeps a text's tags for a kept run's tokenizer (its gzipped tokenizer.json,
+    kept_tables.kept_tokenizer_file): `report_dir/type_tags/{text_name}-{kept_tables.tokenizer_digest}.parquet`, the
+    digest that also names the tokenizer's kept file."""
+    digest = tokenizer_digest(gzip.decompress(Path(tokenizer_file).read_bytes()))
     return Path(report_dir, TYPE_TAGS_DIR, f"{text_name}-{digest}.parquet")
 
 

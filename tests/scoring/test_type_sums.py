@@ -3,6 +3,7 @@ study keeps it (float32, the eligible types), and scripts/convert_kept_runs.py t
 (gzipped per-token CSVs) into that form and back into the same tables."""
 
 import gzip
+import hashlib
 import importlib.util
 import json
 import shutil
@@ -156,6 +157,14 @@ def test_kept_runs_of_the_earlier_form_convert_and_read_back_the_same_tables(cro
         assert table["token_id"].tolist() == eligible["token_id"].tolist()
         assert_tables_close(table, eligible, KEPT_TOLERANCE)
         assert table["significant"].any()
+
+    # the run's tokenizer moved into the folder's shared copy, named by its sha256, which its run.json names
+    tokenizer = (cross_fitted["folder"] / "model" / "tokenizer.json").read_bytes()
+    shared = report_dir / "tokenizers" / f"{hashlib.sha256(tokenizer).hexdigest()[:12]}.json.gz"
+    assert not list(report_dir.glob("runs/*/tokenizer.json.gz"))
+    assert gzip.decompress(shared.read_bytes()) == tokenizer
+    assert json.loads((report_dir / "runs" / "summed" / "run.json").read_text()) == {
+        **summaries[0], "kept_tokenizer": shared.relative_to(report_dir).as_posix()}
 
     # again: nothing changes; the folder's sizes fall
     before = {path: path.read_bytes() for path in report_dir.rglob("*") if path.is_file()}

@@ -2,6 +2,7 @@
 
 import dataclasses
 import gzip
+import hashlib
 import json
 import shutil
 
@@ -23,7 +24,7 @@ from twotower.evaluation.study.config import load_study_config
 from twotower.evaluation.study.cross_fit import cross_fit_conclusion
 from twotower.evaluation.study.categories import category_recurrence
 from twotower.evaluation.study.document import compute_minutes, run_rows
-from twotower.evaluation.study.kept_tables import load_kept_report
+from twotower.evaluation.study.kept_tables import kept_tokenizer_file, load_kept_report
 from twotower.evaluation.tower_preference.comparisons import compare_preferences
 from twotower.evaluation.tower_preference.replica_preference import compute_preference
 from twotower.training.arguments import load_config
@@ -436,8 +437,9 @@ def test_the_report_folder_alone_redoes_the_document_and_continues_the_study(mic
 
     kept = json.loads((report_dir / "runs" / "causal-t2-s0" / "run.json").read_text())
     assert kept["model"] == {"objective": "causal", "tower_type": "transformer"}
-    assert {key: value for key, value in kept.items() if key not in ("model", "unigram_cross_entropy_nats")} == (
-        run_summary(micro_study, "causal-t2-s0"))
+    assert kept["kept_tokenizer"].startswith("tokenizers/")  # the report folder's copy of the run's tokenizer
+    added = ("model", "unigram_cross_entropy_nats", "kept_tokenizer")
+    assert {key: value for key, value in kept.items() if key not in added} == run_summary(micro_study, "causal-t2-s0")
     verdict = json.loads((report_dir / "study.json").read_text())["verdicts"]["causal"]
     assert verdict["unigram_entropy_nats"] == kept["unigram_cross_entropy_nats"] > 0
     for text in MICRO_STUDY["eval_texts"]:
@@ -598,8 +600,17 @@ def test_kept_type_sums_recompute_each_points_cross_fitted_r(micro_study):
             increases = np.sum([totals[f"ablation_increase_sum_tower{tower}"] for tower in (0, 1)], axis=1)
             increases = increases / np.sum(totals["count"])
             assert increases.tolist() == pytest.approx(figures["ablation"]["mean_increase_nats"], rel=1e-6)
-    assert gzip.decompress((kept / "tokenizer.json.gz").read_bytes()) == (
-        micro_study["output_dir"] / "runs" / "causal-t2-s0" / "pretrain" / "model" / "tokenizer.json").read_bytes()
+    # each run's tokenizer, kept once per report folder under its sha256 and named by the run.json of every run
+    # that has it; no run keeps a copy of its own
+    report_dir, tokenizers = micro_study["report"].parent, set()
+    for run_dir in sorted((report_dir / "runs").iterdir()):
+        written = (micro_study["output_dir"] / "runs" / run_dir.name / "pretrain" / "model" / "tokenizer.json")
+        tokenizer_file = kept_tokenizer_file(run_dir)
+        assert tokenizer_file.parent == report_dir / "tokenizers" and not (run_dir / "tokenizer.json.gz").exists()
+        assert gzip.decompress(tokenizer_file.read_bytes()) == written.read_bytes()
+        assert tokenizer_file.name == f"{hashlib.sha256(written.read_bytes()).hexdigest()[:12]}.json.gz"
+        tokenizers.add(written.read_bytes())
+    assert len(list((report_dir / "tokenizers").iterdir())) == len(tokenizers)
 
 
 def test_a_seed_major_study_runs_every_cells_seed_before_the_next(tmp_path):
