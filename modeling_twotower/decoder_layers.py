@@ -29,7 +29,10 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
         attn_weights = attn_weights.masked_fill(~attention_mask, torch.finfo(attn_weights.dtype).min)
     elif attention_mask is not None:
         attn_weights = attn_weights + attention_mask
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    # half precision softmaxes in float32; float64 stays float64 (its mask minimum is -inf in float32, which turned
+    # a fully masked row, a left-padded one's first positions, into NaN)
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.promote_types(attn_weights.dtype, torch.float32))
+    attn_weights = attn_weights.to(query.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
     return attn_output, attn_weights

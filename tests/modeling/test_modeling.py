@@ -302,6 +302,20 @@ def test_sdpa_and_eager_agree(layout):
     torch.testing.assert_close(sdpa(input_ids).logits, eager(input_ids).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_eager_attention_in_float64_with_left_padding_equals_sdpa():
+    # a left-padded row's first positions see no key; in float64 the mask's minimum once overflowed float32's softmax
+    sdpa = tiny_model().double()
+    eager = tiny_model().double()
+    eager.set_attn_implementation("eager")
+    input_ids = random_ids()
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0
+    kept = attention_mask.bool()
+    eager_logits = eager(input_ids, attention_mask=attention_mask).logits
+    assert not eager_logits.isnan().any()
+    torch.testing.assert_close(eager_logits[kept], sdpa(input_ids, attention_mask=attention_mask).logits[kept])
+
+
 @pytest.mark.parametrize("layout", ["bert", "gpt"])
 def test_every_parameter_receives_a_gradient(layout):
     model = tiny_model(layout=layout).train()
