@@ -201,9 +201,12 @@ def full_table_bytes(report_dir: Path, entry: dict) -> bytes:
 
 
 def _tables_note(entries: list[dict]) -> dict:
+    example = entries[0]
     return {"count": len(entries), "runs": len({Path(entry["path"]).parts[1] for entry in entries}),
-            "revisions": sorted({entry["revision"] for entry in entries}), "example": entries[0]["repository_path"],
-            "manifest": FULL_TABLES_JSON}
+            "revisions": sorted({entry["revision"] for entry in entries}), "example": example["repository_path"],
+            "manifest": FULL_TABLES_JSON,
+            # the folder's path in the repository, as the revisions hold it
+            "folder": example["repository_path"].removesuffix(f"/{example['path']}")}
 
 
 def full_tables_note(report_dir: Path) -> dict | None:

@@ -187,8 +187,9 @@ def test_the_card_index_and_hub_copy_of_an_archived_folder_hold_every_table(comm
     write_dataset_card(summaries, report_dir, study_of(), render_template)
     assert (report_dir / RUN_INDEX_PARQUET).read_bytes() == index
     card = (report_dir / "README.md").read_text()
-    assert "leaves out this folder's 9 run tables (per-type sums or\n  totals of 4 runs)" in card
-    assert f"`{committed_study['commit']}`" in card and "--restore_runs" in card
+    assert "leaves out this folder's 9 run tables (the per-type sums\n  or totals of 4 runs)" in card
+    assert f"`{committed_study['commit']}`" in card
+    assert "`python scripts/convert_kept_runs.py docs/study --restore_runs` writes them back" in card
     # the per-token CSVs' configuration lists the CSVs alone
     assert "- config_name: full_tables\n  data_files:\n  - split: old.wiki\n" in card
     assert card.count("preference_per_token.csv.gz") == 1
@@ -206,6 +207,7 @@ def test_the_card_index_and_hub_copy_of_an_archived_folder_hold_every_table(comm
     section = note_section(note)
     assert "Those kept run tables (9 of 4 runs) are archived out of the git working tree" in section
     assert f"`git show {committed_study['commit']}:docs/study/runs/" in section and "gzipped CSVs" not in section
+    assert "`python scripts/convert_kept_runs.py docs/study --restore_runs`" in section
     csv_only = {**note_of_csvs(), "archived": None}
     assert "3 gzipped CSVs of 2 runs" in note_section(csv_only) and "archived" not in note_section(csv_only)
     assert "3 gzipped CSVs of 2 runs" in note_section({**note_of_csvs(), "archived": note["archived"]})
