@@ -66,6 +66,7 @@ from twotower.evaluation.study.kept_tables import (
     per_token_table_of_sums, per_token_table_of_totals, read_kept_tokenizer, write_type_totals,
 )
 from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.errors import TwoTowerUserError
 
 CSV_GZ = f"{PER_TOKEN_CSV}.gz"
 TABLE_TOLERANCE = 1e-5  # float32 sums against the CSV's float64 figures (evaluation/scoring/type_sums.py)
@@ -226,7 +227,10 @@ def main(argv=None):
         archive_runs(args.report_dir, args.revision)
         return
     if args.restore_runs:
-        restored = restore_run_tables(args.report_dir)
+        try:
+            restored = restore_run_tables(args.report_dir)
+        except TwoTowerUserError as error:  # a clone without the revision, or a table not the one listed
+            raise SystemExit(f"error: {error}") from None
         print(f"{args.report_dir}: {len(restored)} run tables written back from git, each checked against its sha256")
         return
     removed = convert_report_folder(args.report_dir, args.revision)

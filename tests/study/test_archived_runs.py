@@ -170,8 +170,8 @@ def test_a_shallow_clone_is_told_which_revision_to_fetch(committed_study, tmp_pa
     git(repository, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "archived")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repository}", str(clone)], check=True)
-    with pytest.raises(TwoTowerUserError, match=f"git fetch --depth 1 origin {committed_study['commit']}"):
-        convert.restore_run_tables(clone / "docs" / "study")
+    with pytest.raises(SystemExit, match=f"^error: .* run `git fetch --depth 1 origin {committed_study['commit']}`"):
+        convert.main([str(clone / "docs" / "study"), "--restore_runs"])
     git(clone, "fetch", "-q", "--depth", "1", "origin", committed_study["commit"])
     assert len(convert.restore_run_tables(clone / "docs" / "study")) == 9
 
