@@ -30,6 +30,20 @@ sha256 (evaluation/study/full_tables.py), from where `--push_to_hub` stages it i
 is replaced before its new form is checked: the per-token table recomputed from it against the CSV (every column
 both hold, within 1e-5 relative or absolute: the kept sums are float32), and a point's cross-fitted r recomputed from
 its kept sums against its run.json's (within 1e-6). Running the script again changes nothing.
+
+A report folder that no document reads again may leave its runs' kept tables to git and the Hub dataset:
+
+    python scripts/convert_kept_runs.py docs/study/crossfit --archive_runs   # --revision HEAD (default)
+    python scripts/convert_kept_runs.py docs/study/crossfit --restore_runs   # before the study aggregates it again
+
+--archive_runs removes every kept run table (each point's type_sums.parquet or type_totals.parquet) that the
+revision holds byte for byte, after listing it in REPORT_DIR/full_tables.json (kind archived_run_table) with that
+revision and its sha256; a table the revision does not hold stays, and the script says so: commit it, then run the
+script again. The document, its study.json, figures, dataset card and index, and every run.json and preference.json
+stay. --restore_runs writes every archived table back from its revision, checked against its sha256 (a shallow clone
+is told which revision to fetch); full_tables.json stays as it is, so that archiving again changes nothing. Until
+then the study command refuses to aggregate the folder, and `--push_to_hub` stages the tables from their revision
+(evaluation/study/full_tables.py).
 """
 
 import argparse
@@ -44,12 +58,15 @@ from twotower.evaluation.scoring.cross_fitting import CrossFittedPreference
 from twotower.evaluation.scoring.report import load_report, repack_png
 from twotower.evaluation.scoring.report_files import PER_TOKEN_CSV, TYPE_SUMS_PARQUET
 from twotower.evaluation.scoring.type_sums import METADATA_KEY, PROBE_SUMS, read_type_sums, write_kept_type_sums
-from twotower.evaluation.study.full_tables import record_full_tables, revision_holding, sha256_of
+from twotower.evaluation.study.full_tables import (
+    FULL_TABLES_JSON, archive_run_tables, record_full_tables, restore_run_tables, revision_holding, sha256_of,
+)
 from twotower.evaluation.study.kept_tables import (
     KEPT_TOKENIZER, RUN_SUMMARY, RUN_TOKENIZER_KEY, TYPE_TOTALS_PARQUET, keep_tokenizer, kept_tokenizer_file,
     per_token_table_of_sums, per_token_table_of_totals, read_kept_tokenizer, write_type_totals,
 )
 from twotower.training.utils.atomic import write_text_atomically
+from twotower.training.utils.errors import TwoTowerUserError
 
 CSV_GZ = f"{PER_TOKEN_CSV}.gz"
 TABLE_TOLERANCE = 1e-5  # float32 sums against the CSV's float64 figures (evaluation/scoring/type_sums.py)
@@ -186,11 +203,36 @@ def repack_figures(report_dir) -> list[Path]:
     return [path for path in sorted(Path(report_dir).glob("*.png")) if repack_png(path)]
 
 
+def archive_runs(report_dir: Path, revision: str) -> None:
+    """--archive_runs: the tables removed and those kept, said."""
+    archived, kept = archive_run_tables(report_dir, revision)
+    for path in kept:
+        print(f"{path}: kept (no revision {revision} holds it byte for byte): commit it, then run this script again.")
+    print(f"{report_dir}: {len(archived)} run tables archived, each listed in {FULL_TABLES_JSON} with the revision "
+          f"that holds it; {len(kept)} kept")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("report_dir", type=Path, help="a study's report folder (holding runs/RUN/run.json)")
-    parser.add_argument("--revision", default="HEAD", help="the git revision that holds the CSVs (default HEAD)")
+    parser.add_argument("--revision", default="HEAD", help="the git revision that holds the CSVs, or with "
+                        "--archive_runs the run tables (default HEAD)")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--archive_runs", action="store_true", help="remove the runs' kept tables that the revision "
+                        f"holds from the working tree, listing each in {FULL_TABLES_JSON}")
+    action.add_argument("--restore_runs", action="store_true", help="write the archived run tables back from the "
+                        "revision that holds each")
     args = parser.parse_args(argv)
+    if args.archive_runs:
+        archive_runs(args.report_dir, args.revision)
+        return
+    if args.restore_runs:
+        try:
+            restored = restore_run_tables(args.report_dir)
+        except TwoTowerUserError as error:  # a clone without the revision, or a table not the one listed
+            raise SystemExit(f"error: {error}") from None
+        print(f"{args.report_dir}: {len(restored)} run tables written back from git, each checked against its sha256")
+        return
     removed = convert_report_folder(args.report_dir, args.revision)
     figures = repack_figures(args.report_dir)
     print(f"{args.report_dir}: {len(figures)} figures written again as palette PNGs")

@@ -52,6 +52,10 @@ class KeptTableError(ValueError):
     """A kept table the figures cannot be recomputed from."""
 
 
+class ArchivedTablesError(KeptTableError):
+    """Tables the index names that the working tree lacks (archived: written back by scripts/convert_kept_runs.py)."""
+
+
 def read_kept_table(path: Path, columns) -> pd.DataFrame:
     """A kept Parquet table with `columns`, its numbers finite; else KeptTableError naming the file."""
     try:
@@ -359,6 +363,12 @@ def arms_point(frame: pd.DataFrame, runs: list[dict]) -> dict:
 def recompute(report_dir: Path) -> dict:
     """Every figure the module docstring lists, per run and per text and point."""
     index = read_kept_table(report_dir / "run_index.parquet", INDEX_COLUMNS)
+    missing = [path for path in index["path"] if not (report_dir / path).is_file()]
+    if missing:  # a folder whose run tables are archived out of the working tree (its full_tables.json lists them)
+        raise ArchivedTablesError(
+            f"{len(missing)} of the tables {report_dir / 'run_index.parquet'} names are not in the working tree "
+            f"(the first: {report_dir / missing[0]}); where {report_dir / 'full_tables.json'} lists them as archived "
+            f"run tables, `python scripts/convert_kept_runs.py {report_dir} --restore_runs` writes them back")
     rows = run_rows(report_dir, index)
     frame = pd.DataFrame([{key: value for key, value in row.items() if key not in ("pooled", "cross_fitted")}
                           for row in rows])
@@ -387,6 +397,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         result = recompute(args.report_dir)
+    except ArchivedTablesError as error:
+        raise SystemExit(f"error: {error}.") from None
     except KeptTableError as error:
         raise SystemExit(f"error: {error}; copy the study's report folder again (or rerun the study).") from None
     if args.json:

@@ -11,10 +11,13 @@ character other than a letter, digit or underscore as "_"). The full per-token t
 longer keep (full_tables.py) are the configuration `full_tables`, one split per run and text (`RUN.TEXT`, spelled
 so). `stage_dataset` copies what a Hub dataset repository holds (the card, the index, each run's type sums or type
 totals and run.json, the runs' tokenizers, the full per-token tables from the git revision that holds them, the
-document) into a folder, and `push_study_dataset` uploads it with huggingface_hub as the model publishing does.
+document) into a folder, and `push_study_dataset` uploads it with huggingface_hub as the model publishing does. A
+folder whose run tables are archived out of the working tree (full_tables.py: each listed with the revision that
+holds it) keeps its index and card whole, and its Hub copy holds every table, read from that revision.
 """
 
 import dataclasses
+import io
 import re
 import shutil
 from pathlib import Path
@@ -27,7 +30,9 @@ from twotower.training.utils.atomic import write_text_atomically
 from twotower.training.utils.errors import TwoTowerUserError
 
 from ..scoring.report_files import TYPE_SUMS_PARQUET
-from .full_tables import FULL_TABLES_JSON, full_table_bytes, read_full_tables
+from .full_tables import (
+    FULL_TABLES_JSON, archived_run_tables, full_table_bytes, full_tables_note, per_token_tables, read_full_tables,
+)
 from .kept_tables import KEPT_TOKENIZER, KEPT_TOKENIZERS_DIR, TYPE_TOTALS_PARQUET, kept_tokenizer_file
 from .parts_of_speech import TYPE_TAGS_DIR, type_tags_path
 
@@ -64,6 +69,7 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
     the run (family, seed, its factors, towers, the eligibility threshold, its tokenizer's file) and the cross-fitted
     r its scoring wrote."""
     rows = []
+    archived = {entry["path"] for entry in archived_run_tables(runs_dir.parent)}
     for summary in summaries:
         run = summary["run"]
         last = summary["trajectory"][-1]["step"]
@@ -71,7 +77,7 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
             point_dir = Path() if point["step"] == last else Path("trajectory", f"step-{point['step']}")
             for text, scores in point["scores"].items():
                 path = Path("runs", run["name"]) / point_dir / "scores" / text / TYPE_SUMS_PARQUET
-                if not (runs_dir.parent / path).is_file():
+                if not (runs_dir.parent / path).is_file() and path.as_posix() not in archived:
                     continue
                 cross_fit = scores.get("cross_fit") or {}
                 tokenizer_file = kept_tokenizer_file(runs_dir / run["name"], summary)
@@ -88,19 +94,25 @@ def run_index(summaries, runs_dir: Path, study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def run_table_bytes(report_dir: Path, path: str) -> bytes:
+    """A kept run table's bytes: from the working tree, or, archived, from the revision that holds it."""
+    entry = next((entry for entry in archived_run_tables(report_dir) if entry["path"] == path), None)
+    return (Path(report_dir) / path).read_bytes() if entry is None else full_table_bytes(report_dir, entry)
+
+
 def write_dataset_card(summaries, report_dir: Path, study, render_template) -> Path | None:
     """The index and the card in the report folder, where any run keeps type sums or the folder lists full per-token
     tables (full_tables.json); None (nothing written) else."""
     index = run_index(summaries, report_dir / "runs", study)
     full_tables = [{"split": full_table_split(entry["path"]), "path": entry["path"]}
-                   for entry in read_full_tables(report_dir)]
+                   for entry in per_token_tables(report_dir)]
     if index.empty and not full_tables:
         return None
     configs, columns = {}, []
     if not index.empty:
         index.to_parquet(report_dir / RUN_INDEX_PARQUET, index=False)
         configs = {run: rows[["split", "path"]].to_dict("records") for run, rows in index.groupby("run", sort=False)}
-        columns = list(pd.read_parquet(report_dir / index["path"][0]).columns)
+        columns = list(pd.read_parquet(io.BytesIO(run_table_bytes(report_dir, index["path"][0]))).columns)
     tags = sorted(index["type_tags_path"].dropna().unique()) if not index.empty else []
     if tags:
         configs["type_tags"] = [{"split": re.sub(r"[^A-Za-z0-9_]", "_", Path(path).stem), "path": path}
@@ -113,15 +125,16 @@ def write_dataset_card(summaries, report_dir: Path, study, render_template) -> P
     card = render_template(CARD_TEMPLATE, configs=configs, index=None if index.empty else RUN_INDEX_PARQUET,
                            texts=sorted({text for _, text in runs_and_texts}),
                            num_runs=len({run for run, _ in runs_and_texts}), columns=columns,
-                           full_tables_json=FULL_TABLES_JSON, type_totals=TYPE_TOTALS_PARQUET)
+                           full_tables_json=FULL_TABLES_JSON, type_totals=TYPE_TOTALS_PARQUET,
+                           archived=(full_tables_note(report_dir) or {}).get("archived"))
     return write_text_atomically(report_dir / DATASET_CARD, card)
 
 
 def stage_dataset(report_dir: Path, staging_dir: Path) -> Path:
     """A folder holding what the Hub dataset repository gets: the card, the index, each kept run's run.json and
     type sums (or type totals), the runs' tokenizers (a run kept before the shared folder: its own), the full
-    per-token tables the folder lists (read from git where the working tree no longer has them), and the document
-    (replaced whole if it existed)."""
+    per-token tables and archived run tables the folder lists (read from git where the working tree no longer has
+    them), and the document (replaced whole if it existed)."""
     report_dir = Path(report_dir)
     if not (report_dir / DATASET_CARD).is_file():
         raise TwoTowerUserError(

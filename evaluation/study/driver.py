@@ -65,6 +65,7 @@ from .config import StudyConfig, StudyRun, load_study_config
 from .kept_files import check_kept_run, json_problem, read_kept_json, set_aside_if_damaged
 from .kept_tables import RUN_TOKENIZER_KEY, TYPE_TOTALS_PARQUET, keep_point_sums, keep_tokenizer, write_type_totals
 from .dataset import push_study_dataset
+from .full_tables import check_run_tables_present
 from .document import STUDY_JSON, summary_lines, write_study_report
 from .parts_of_speech import kept_type_tag_table
 from .verdicts import unigram_cross_entropy
@@ -391,9 +392,10 @@ def run_study(recipe, data_dir, output_dir, report_dir=None, runs_pattern=None, 
     The report folder keeps each finished run's results (KEPT_RUNS_DIR, KEPT_CONVERGENCE_DIR), and only those are
     aggregated: the report folder alone, without OUTPUT_DIR, redoes the document and continues the study.
     """
-    study = load_study_config(recipe)
     data_dir, output_dir = Path(data_dir), Path(output_dir)
     report_dir = Path(report_dir) if report_dir else output_dir / "report"
+    check_run_tables_present(report_dir)  # archived run tables: restored before any run or aggregation
+    study = load_study_config(recipe)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"--data_dir {data_dir} is not a folder; pass the folder holding the study's texts.")
     selected = [run for run in study.runs() if runs_pattern is None or re.search(runs_pattern, run.name)]

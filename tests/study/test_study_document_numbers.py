@@ -34,7 +34,7 @@ README = REPO_ROOT / "README.md"
 MEASURED = [
     ("a run folder's size, `du -sh` of an --output_dir run", "Killed at any moment, it continues", ("100",)),
     ("`du -sh docs/study` before scripts/convert_kept_runs.py, `du -sb docs/study` now", "Size: docs/study held",
-     ("128", "29")),
+     ("128", "24")),
     ("the bound on a new run's kept files (tests/study/test_kept_tables.py)", "What a finished run found is kept",
      ("0.5",)),
     ("step times of the training CLI on the 2-core CPU, timed when the grid was sized (no file keeps them)",
