@@ -11,16 +11,19 @@ import torch
 
 
 MIN_PIECE_ROWS = 512
+MIN_PIECE_ROWS_CACHED = 256  # where the decoder's weight has at most CACHED_WEIGHT_ELEMENTS
+CACHED_WEIGHT_ELEMENTS = 2**21  # 8 MiB of float32
 
 
 def piece_rows(num_tokens: int, hidden_size: int, vocab_size: int) -> int:
     # Liger Kernel's rule, a piece of logits about as large as the hidden states so memory stays at their size, with
     # a floor: each piece reads the decoder's weight three times, and once the weight outgrows the cache those reads
     # outweigh the arithmetic. In a sweep on a CPU from width 64 and vocabulary 4096 to GPT-2's head (768, 50257),
-    # pieces of 512 rows were within 15% of the fastest size everywhere and among the fastest wherever the weight
-    # is large, at 0.98x-2.5x the logits' speed (docs/speed.md); 64 rows took 1.7x their time at GPT-2's head.
+    # 512 rows were among the fastest sizes wherever the weight is large (64 rows took 1.7x their time at GPT-2's
+    # head), and 256 rows wherever it is small (up to 8192 x 128), at 0.98x-2.7x the logits' speed (docs/speed.md).
     liger_rows = 2 ** math.ceil(math.log2(max(1, num_tokens * hidden_size // vocab_size)))
-    return min(num_tokens, max(MIN_PIECE_ROWS, liger_rows))
+    floor = MIN_PIECE_ROWS_CACHED if hidden_size * vocab_size <= CACHED_WEIGHT_ELEMENTS else MIN_PIECE_ROWS
+    return min(num_tokens, max(floor, liger_rows))
 
 
 def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
