@@ -123,6 +123,8 @@ def test_the_joint_gradient_experiment_is_read_with_its_tower_heads_against_the_
     assert (f"(cross-fitted r with the gradient minus without, {difference['value']:.2f} [{difference['ci'][0]:.2f}, "
             f"{difference['ci'][1]:.2f}], 8 seeds: *{experiment['verdict']['explanation']}*)") in findings
     assert f"(the joint arm minus the 2x2, paired by seed, {figure}; a comparison not pre-registered)" in findings
+    assert ("3. **Stopping the joint gradient made no difference shown, in a design that weakens the split.** "
+            in findings) == (difference["ci"][0] <= 0 <= difference["ci"][1] and high < 0)
     assert f"the joint arm minus that cell, paired by seed, {figure}, not pre-registered" in summary
     # the words follow the numbers: towers whose own losses strengthen the split, a joint gradient that matters
     weakened = "the towers' own losses weakened the split"
@@ -132,11 +134,14 @@ def test_the_joint_gradient_experiment_is_read_with_its_tower_heads_against_the_
     difference |= {"value": 0.2, "ci": [0.05, 0.35]}
     changed = render_findings(results, "docs/study", "docs/study.md")
     assert "the towers' own losses strengthened the split" in changed and weakened not in changed
+    assert "3. **Stopping the joint gradient changed the split.** " in changed
     assert "Stopping it changed the split (cross-fitted r with the gradient minus without, 0.20 [0.05, 0.35]" in changed
     assert "adds nothing shown" not in changed and "adds nothing shown" not in render_summary(results, ".", "x")
     # an experiment still running is not read
     experiment["runs_kept"] = 8
-    assert "is under way (8 of 16 runs kept)" in render_findings(results, "docs/study", "docs/study.md")
+    running = render_findings(results, "docs/study", "docs/study.md")
+    assert "3. **Whether the joint gradient makes it is being tested.** " in running
+    assert "is under way (8 of 16 runs kept)" in running
     assert "not read before every run is kept" in render_summary(results, ".", "x")
 
 
