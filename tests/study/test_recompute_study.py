@@ -11,21 +11,23 @@ from recomputed import assert_arms_recomputed, assert_factorial_recomputed, asse
 STUDY_DIR = Path(__file__).resolve().parents[2] / "docs" / "study"
 
 
-@pytest.mark.slow
-def test_the_2x2_recomputes_from_its_kept_tables():
-    report_dir = STUDY_DIR / "causes"
-    factorial = json.loads((report_dir / "study.json").read_text())["factorial"]
-    script = recomputed(report_dir)
-    assert len(script["runs"]) == 16 * 2 * 2  # runs x points x texts
+def the_2x2_agrees(script, factorial):
     assert assert_factorial_recomputed(script, factorial) > 250
     assert_pooled_z_recomputed(script, factorial)
 
 
-@pytest.mark.slow
-def test_the_joint_gradient_experiment_recomputes_from_its_kept_tables():
-    report_dir = STUDY_DIR / "gradient"
-    experiment = json.loads((report_dir / "study.json").read_text())["joint_gradient"]
-    script = recomputed(report_dir)
-    assert len(script["runs"]) == 16 * 2 * 2  # runs x points x texts
+def the_experiment_agrees(script, experiment):
     # 4 points x (9 endpoints x 3 figures + 2 arms' cross-seed r)
     assert assert_arms_recomputed(script, experiment) == 4 * (9 * 3 + 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder, section, agrees", [
+    ("causes", "factorial", the_2x2_agrees), ("gradient", "joint_gradient", the_experiment_agrees),
+])
+def test_a_pre_registered_study_recomputes_from_its_kept_tables(folder, section, agrees):
+    report_dir = STUDY_DIR / folder
+    document = json.loads((report_dir / "study.json").read_text())[section]
+    script = recomputed(report_dir)
+    assert len(script["runs"]) == 16 * 2 * 2  # runs x points x texts
+    agrees(script, document)
