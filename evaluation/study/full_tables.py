@@ -110,12 +110,6 @@ def kept_run_tables(report_dir: Path) -> list[Path]:
                   if not any(part.startswith(".") for part in path.relative_to(run).parts))
 
 
-def _still_held(report_dir: Path, entry: dict, path: Path) -> bool:
-    """Whether the revision an entry names holds the file at `path` byte for byte."""
-    held = _git(Path(report_dir), "rev-parse", f"{entry['revision']}:{entry['repository_path']}")
-    return held is not None and held == _git(path.parent, "hash-object", str(path))
-
-
 def _remove_empty_folders(folder: Path, stop: Path) -> None:
     """Remove `folder` and each parent up to (not including) `stop` that is left empty."""
     while folder != stop and folder.is_dir() and not any(folder.iterdir()):
@@ -138,7 +132,7 @@ def archive_run_tables(report_dir: Path, revision: str = "HEAD") -> tuple[list[d
         relative = path.relative_to(report_dir).as_posix()
         data = path.read_bytes()
         entry = listed.get(relative)
-        if entry is None or entry["sha256"] != sha256_of(data) or not _still_held(report_dir, entry, path):
+        if entry is None or entry["sha256"] != sha256_of(data) or revision_holding(path, entry["revision"]) is None:
             held = revision_holding(path, revision)
             if held is None:
                 kept.append(path)
