@@ -45,10 +45,9 @@ def mamba_config(config: TwoTowerConfig) -> MambaConfig:
 
 
 # Positions a chunk holds. The scan runs every chunk at once, one position of each per step, then carries the state
-# from chunk to chunk and adds it in a second pass: `SCAN_CHUNK + positions / SCAN_CHUNK` steps instead of one per
-# position. On the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md) chunks of 32 ran the scan 1.1-1.4x faster than
-# one chunk over 1024 positions, and their second pass cost 10-20% over the recipes' 128 (the same CPU time); fewer
-# steps matter more where each is a kernel launch.
+# from chunk to chunk, a whole chunk at a time: `SCAN_CHUNK + positions / SCAN_CHUNK` steps instead of one per
+# position. On the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md) chunks of 32 ran the scan 1.2-1.7x faster than
+# one chunk from 512 positions on, and as fast at the recipes' 128.
 SCAN_CHUNK = 32
 
 
@@ -60,36 +59,46 @@ def _in_chunks(tensor: torch.Tensor, chunk: int) -> torch.Tensor:
     return tensor.unflatten(1, (-1, chunk))
 
 
+def _pieces(seq_len: int, piece: int) -> list[slice]:
+    return [slice(start, min(start + piece, seq_len)) for start in range(0, seq_len, piece)]
+
+
 def chunked_scan_(
-    time_step: torch.Tensor, A: torch.Tensor, inputs: torch.Tensor, chunk: int = SCAN_CHUNK, reverse: bool = False
+    time_step: torch.Tensor,
+    A: torch.Tensor,
+    inputs: torch.Tensor,
+    chunk: int = SCAN_CHUNK,
+    reverse: bool = False,
+    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """
     The states of the recurrence state_t = exp(time_step_t * A) * state_{t-1} + inputs_t from a zero state (with
     `reverse`, state_{t+1} instead of state_{t-1}, from the end), time_step [batch, seq, channels], A [channels, N],
     inputs [batch, seq, channels, N] -> [batch, seq, channels, N], written over `inputs` (over its zero-padded copy
-    where `seq` is not a multiple of `chunk`). Each chunk's states start from zero, every chunk at once; then the
-    state entering each chunk is carried across the chunks and added, decayed by exp(A * the time steps summed from
+    where `seq` is not a multiple of `chunk`). Each chunk's states start from zero, every chunk at once; then, chunk
+    after chunk, the state leaving one chunk is added to the next one's, decayed by exp(A * the time steps summed from
     the chunk's entry): sums of time steps in log space, whose exponentials never exceed 1 (A < 0), where dividing by
-    cumulative products of decays would underflow. Decays are taken one position at a time: on the CPU a fresh
-    [batch, seq, channels, N] tensor costs more in page faults than the exponentials themselves.
+    cumulative products of decays would underflow. `work` ([batch, chunk, channels, N], made if not given) holds a
+    chunk's decays: on the CPU a fresh [batch, seq, channels, N] tensor costs more in page faults than the
+    exponentials themselves.
     """
     seq_len = inputs.shape[1]
     time_step, states = _in_chunks(time_step, chunk), _in_chunks(inputs, chunk)  # [b, K, T, c], [b, K, T, c, N]
     A = A * math.log2(math.e)  # exp(x) as exp2(x * log2(e)): exp2 took a quarter of exp's time on the CPU
-    positions = range(chunk - 1, -1, -1) if reverse else range(chunk)
-    state = torch.zeros_like(states[:, :, 0])
-    for t in positions:
-        state = states[:, :, t].addcmul_(torch.exp2(time_step[:, :, t, :, None] * A), state)
+    order = range(chunk - 1, -1, -1) if reverse else range(chunk)
+    position_states, position_steps = states.unbind(2), time_step[..., None].unbind(2)  # per position, every chunk
+    decays = torch.empty_like(position_states[0])
+    state = position_states[order[0]]  # from a zero state the first state is the first input
+    for t in order[1:]:
+        state = position_states[t].addcmul_(torch.mul(position_steps[t], A, out=decays).exp2_(), state)
     num_chunks = states.shape[1]
     if num_chunks > 1:
         entered = time_step.flip(2).cumsum(2).flip(2) if reverse else time_step.cumsum(2)
-        chunk_decays = torch.exp2(entered[:, :, positions[-1], :, None] * A)  # [b, K, c, N]
-        carried = [torch.zeros_like(state[:, 0])]
-        for k in range(num_chunks - 1, 0, -1) if reverse else range(num_chunks - 1):
-            carried.append(torch.addcmul(states[:, k, positions[-1]], chunk_decays[:, k], carried[-1]))
-        carried = torch.stack(carried[::-1] if reverse else carried, dim=1)  # the state entering each chunk
-        for t in positions:
-            states[:, :, t].addcmul_(torch.exp2(entered[:, :, t, :, None] * A), carried)
+        work = states.new_empty(states[:, 0].shape) if work is None else work
+        chunks = range(num_chunks - 1, -1, -1) if reverse else range(num_chunks)
+        for previous, k in zip(chunks, chunks[1:]):  # `previous` already holds its whole states
+            chunk_decays = torch.mul(entered[:, k, :, :, None], A, out=work).exp2_()
+            states[:, k].addcmul_(chunk_decays, states[:, previous, order[-1], None])
     return states.flatten(1, 2)[:, :seq_len]
 
 
@@ -98,44 +107,75 @@ class SelectiveScan(torch.autograd.Function):
     Mamba's selective scan, y_t = state_t @ C_t with state_t = exp(time_step_t * A) * state_{t-1} + time_step_t *
     channels_t * B_t (time_step, channels [batch, seq, channels]; A [channels, N]; B, C [batch, seq, N]), by
     `chunked_scan_` both ways: backward is the same scan run from the end over the loss's gradients. Written by hand
-    so that a step allocates one [batch, seq, channels, N] tensor forward and two backward (autograd over the scan
-    kept a dozen, and on the CPU each fresh one costs its page faults); the readout and its gradients are the
-    matmuls `extra_flops_per_token` counts.
+    so that a call allocates one [batch, seq, channels, N] tensor forward and one backward (autograd over the scan
+    kept a dozen, and on the CPU each fresh one costs its page faults); every product over the states that is summed
+    at once (the readout and the gradients) goes through one buffer of a chunk's size, a chunk at a time.
     """
 
     @staticmethod
     def forward(ctx, time_step, A, B, C, channels, chunk=SCAN_CHUNK):
         # in the inputs' dtype under autocast too: backward, which runs outside autocast, meets the same dtypes
         with torch.autocast(time_step.device.type, enabled=False):
-            driven = time_step * channels
-            states = chunked_scan_(time_step, A, driven[..., None] * B[:, :, None], chunk)
+            inputs = (time_step * channels)[..., None] * B[:, :, None]
+            work = inputs.new_empty((inputs.shape[0], chunk) + inputs.shape[2:])
+            states = chunked_scan_(time_step, A, inputs, chunk, work=work)
             ctx.save_for_backward(time_step, A, B, C, channels, states)
             ctx.chunk = chunk
-            return torch.matmul(states, C[..., None])[..., 0]
+            pieces = _pieces(states.shape[1], chunk)
+            return torch.cat([_summed(states[:, p], C[:, p, None], work, -1) for p in pieces], dim=1)
 
     @staticmethod
     def backward(ctx, output_grad):
         time_step, A, B, C, channels, states = ctx.saved_tensors
         driven = time_step * channels
+        work = states.new_empty((states.shape[0], ctx.chunk) + states.shape[2:])
         # d loss / d state_t = output_grad_t C_t + exp(time_step_{t+1} * A) * d loss / d state_{t+1}
         next_time_step = F.pad(time_step[:, 1:], (0, 0, 0, 1))
-        readout_grad = torch.matmul(output_grad[..., None], C[:, :, None])
-        state_grad = chunked_scan_(next_time_step, A, readout_grad, ctx.chunk, reverse=True)
-        product = torch.mul(state_grad, B[:, :, None])  # one buffer for the products below
-        driven_grad = product.sum(-1)
-        B_grad = torch.mul(state_grad, driven[..., None], out=product).sum(2)
-        # d state_t / d (time_step_t * A) = exp(time_step_t * A) * state_{t-1} = state_t - inputs_t
-        torch.sub(states, torch.mul(driven[..., None], B[:, :, None], out=product), out=product)
-        log_decay_grad = state_grad.mul_(product)
-        time_step_grad = torch.mul(log_decay_grad, A, out=product).sum(-1).addcmul_(driven_grad, channels)
-        A_grad = torch.mul(log_decay_grad, time_step[..., None], out=product).sum((0, 1))
-        C_grad = torch.matmul(states.transpose(-1, -2), output_grad[..., None])[..., 0]
+        readout_grad = output_grad[..., None] * C[:, :, None]
+        state_grad = chunked_scan_(next_time_step, A, readout_grad, ctx.chunk, reverse=True, work=work)
+        grads = {"driven": [], "B": [], "C": [], "time_step": []}
+        A_grad = torch.zeros_like(A)
+        for p in _pieces(states.shape[1], ctx.chunk):
+            piece_grad, piece_driven, piece_B = state_grad[:, p], driven[:, p, :, None], B[:, p, None]
+            grads["driven"].append(_summed(piece_grad, piece_B, work, -1))
+            grads["B"].append(_summed(piece_grad, piece_driven, work, 2))
+            grads["C"].append(_summed(states[:, p], output_grad[:, p, :, None], work, 2))
+            # d state_t / d (time_step_t * A) = exp(time_step_t * A) * state_{t-1} = state_t - inputs_t
+            inputs = torch.mul(piece_driven, piece_B, out=work[:, : p.stop - p.start])
+            log_decay_grad = piece_grad.mul_(torch.sub(states[:, p], inputs, out=inputs))
+            grads["time_step"].append(_summed(log_decay_grad, A, work, -1))
+            A_grad += _summed(log_decay_grad, time_step[:, p, :, None], work, (0, 1))
+        driven_grad, B_grad, C_grad, time_step_grad = (torch.cat(grad, dim=1) for grad in grads.values())
+        time_step_grad.addcmul_(driven_grad, channels)
         return time_step_grad, A_grad, B_grad, C_grad, driven_grad * time_step, None
+
+
+def _summed(states: torch.Tensor, factor: torch.Tensor, work: torch.Tensor, dim) -> torch.Tensor:
+    """(states * factor).sum(dim), the product in `work` (a chunk of positions); states [batch, positions <= chunk,
+    channels, N]."""
+    product = torch.mul(states, factor, out=work[:, : states.shape[1]])
+    if dim == -1:  # over the N states of a channel as a matrix-vector product: sum(-1) took twice its time on the CPU
+        return product @ product.new_ones(product.shape[-1])
+    return product.sum(dim)
+
+
+def causal_depthwise_conv(channels: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """MambaMixer's causal depthwise convolution (`conv`'s weights, padded by kernel - 1 and cut to the sequence), as
+    one product per tap over [batch, seq, channels]: on the CPU, forward and backward took half the time of
+    `conv1d` over the transposed channels, whose layout also slowed the activation's backward."""
+    seq_len, kernel_size = channels.shape[1], conv.kernel_size[0]
+    padded = F.pad(channels, (0, 0, kernel_size - 1, 0))  # [batch, kernel - 1 + seq, channels]
+    taps = conv.weight[:, 0]  # [channels, kernel]
+    output = padded[:, :seq_len] * taps[:, 0]
+    for tap in range(1, kernel_size):
+        output = output.addcmul_(padded[:, tap : tap + seq_len], taps[:, tap])
+    return output if conv.bias is None else output + conv.bias
 
 
 class TwoTowerMambaMixer(MambaMixer, KindInitialized):
     """transformers' MambaMixer (its weights and initialisation), run over whole sequences by `forward` below: the
-    reference path's arithmetic, with the chunked scan of `SelectiveScan`; no cache."""
+    reference path's arithmetic, with the chunked scan of `SelectiveScan` and the convolution of
+    `causal_depthwise_conv`; no cache."""
 
     def init_kind_weights(self, config) -> None:
         # Mamba's own draws for the state matrix A, the skip D and the time step's projection and bias, after the
@@ -145,15 +185,12 @@ class TwoTowerMambaMixer(MambaMixer, KindInitialized):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """hidden_states [batch, seq, hidden] -> [batch, seq, hidden]; padding (attention_mask 0) is zeroed before
         the projection and the scan, as in MambaMixer."""
-        seq_len, dtype = hidden_states.shape[1], hidden_states.dtype
+        dtype = hidden_states.dtype
         mask = None if attention_mask is None else attention_mask[:, :, None].to(dtype)
         if mask is not None:
             hidden_states = hidden_states * mask
         channels, gate = self.in_proj(hidden_states).chunk(2, dim=-1)  # [batch, seq, channels] each
-        # causal depthwise convolution, over [batch, channels, seq]
-        channels = F.conv1d(channels.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
-                            padding=self.conv_kernel_size - 1, groups=self.intermediate_size)[..., :seq_len]  # fmt: skip
-        channels = self.act(channels).transpose(1, 2)  # [batch, seq, channels]
+        channels = self.act(causal_depthwise_conv(channels, self.conv1d))
         if mask is not None:
             channels = channels * mask
         time_step, B, C = torch.split(
@@ -271,7 +308,7 @@ class TwoTowerSSMTowers(TowerStack):
         return stack_output(self.tower_norm(torch.stack(outputs)), output_hidden_states)
 
     def extra_flops_per_token(self, block_size: int) -> int:
-        # the scan's readout is a batched matmul: 6 FLOPs per multiply-add for forward + backward, per direction (the
+        # the scan's readout is a contraction over N: 6 FLOPs per multiply-add for forward + backward, per direction (the
         # scan's elementwise updates count as norms do: nothing)
         return 6 * self.readout_products * (2 if self.bidirectional else 1)
 
