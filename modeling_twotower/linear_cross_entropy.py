@@ -6,6 +6,7 @@ each piece's softmax runs while the piece is still in cache.
 """
 
 import math
+import re
 
 import torch
 
@@ -34,9 +35,10 @@ def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
     return hidden_states.dtype
 
 
-def _piece_loss_and_logit_grad(hidden, weight, bias, targets, scale, with_grad: bool):
-    """One piece's summed token loss and, `with_grad`, d(loss * scale)/d(logits) [rows, vocab], at least float32."""
-    logits = torch.addmm(bias, hidden, weight.t())
+def _piece_loss_and_logit_grad(hidden, weight, bias, targets, scale, with_grad: bool, logits_buffer):
+    """One piece's summed token loss and, `with_grad`, d(loss * scale)/d(logits) [rows, vocab], at least float32;
+    the logits are written over `logits_buffer` ([at least rows, vocab])."""
+    logits = torch.addmm(bias, hidden, weight.t(), out=logits_buffer[: hidden.shape[0]])
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision upcast, as the LM losses
     counted = targets.ne(-100)
     gold_ids = targets.masked_fill(~counted, 0).unsqueeze(-1)
@@ -54,24 +56,25 @@ def _piece_loss_and_logit_grad(hidden, weight, bias, targets, scale, with_grad: 
     return loss, logit_grad.scatter_add_(-1, gold_ids, -row_scale)
 
 
-def _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows, needs_grad=(False, False, False)):
+def _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad):
     """
-    The loss piece by piece, and the gradient of each of (hidden_states, weight, bias) that `needs_grad` flags, in
-    its input's dtype (None for the others).
+    The loss piece by piece, the matmuls in `dtype`, and the gradient of each of (hidden_states, weight, bias) that
+    `needs_grad` flags, in its input's dtype (None for the others).
     """
-    dtype = _compute_dtype(hidden_states)
     with torch.autocast(hidden_states.device.type, enabled=False):
         hidden, weight_c, bias_c = hidden_states.to(dtype), weight.to(dtype), bias.to(dtype)
         accumulated = torch.promote_types(dtype, torch.float32)
         scale = 1.0 / torch.as_tensor(num_items, dtype=accumulated, device=hidden.device)
-        hidden_grad_pieces = []  # concatenated once: a compiled loop writing into slices copies the whole tensor
+        hidden_grad_pieces = []
         weight_grad = torch.zeros_like(weight, dtype=accumulated) if needs_grad[1] else None
         bias_grad = torch.zeros_like(bias, dtype=accumulated) if needs_grad[2] else None
         loss = hidden_states.new_zeros((), dtype=accumulated)
+        # one piece's logits, reused by every piece: on the CPU a fresh one costs its page faults, more than its softmax
+        logits_buffer = hidden.new_empty((min(rows, hidden.shape[0]), weight.shape[0]))
         for start in range(0, hidden.shape[0], rows):
             piece = slice(start, start + rows)
             piece_loss, logit_grad = _piece_loss_and_logit_grad(
-                hidden[piece], weight_c, bias_c, target_ids[piece], scale, with_grad=any(needs_grad)
+                hidden[piece], weight_c, bias_c, target_ids[piece], scale, any(needs_grad), logits_buffer
             )
             loss += piece_loss
             if logit_grad is None:
@@ -94,14 +97,48 @@ def _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows, ne
     )
 
 
+# The loss and its gradients as one operator: torch.compile keeps it opaque, one call in the graph, where tracing
+# into the piece loop unrolled it and ran it slower than eager (docs/speed.md). Named after this module, so that a
+# copy of it loaded as Hub custom code registers an operator of its own.
+_OPERATOR = "twotower::" + re.sub(r"\W", "_", __name__) + "_loss_and_grads"
+
+
+@torch.library.custom_op(_OPERATOR, mutates_args=())
+def _loss_and_grads_operator(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    target_ids: torch.Tensor,
+    num_items: torch.Tensor,
+    rows: int,
+    dtype: torch.dtype,
+    needs_grad: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_loss_and_grads`, a gradient not asked for returned empty (an operator returns tensors only)."""
+    loss, *grads = _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad)
+    tensors = (hidden_states, weight, bias)
+    return loss, *(tensor.new_empty(0) if grad is None else grad for grad, tensor in zip(grads, tensors))
+
+
+@_loss_and_grads_operator.register_fake
+def _(hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad):
+    loss = hidden_states.new_empty((), dtype=torch.promote_types(dtype, torch.float32))
+    tensors = (hidden_states, weight, bias)
+    grads = (torch.empty_like(tensor) if need else tensor.new_empty(0) for tensor, need in zip(tensors, needs_grad))
+    return loss, *grads
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """`linear_cross_entropy` under autograd: forward returns the loss and keeps its gradients for backward."""
 
     @staticmethod
     def forward(ctx, hidden_states, weight, bias, target_ids, num_items, rows):
-        loss, *grads = _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows,
-                                       ctx.needs_input_grad[:3])  # fmt: skip
-        ctx.save_for_backward(*grads)
+        needs_grad = list(ctx.needs_input_grad[:3])
+        dtype = _compute_dtype(hidden_states)
+        loss, *grads = _loss_and_grads_operator(
+            hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad
+        )
+        ctx.save_for_backward(*(grad if need else None for grad, need in zip(grads, needs_grad)))
         return loss
 
     @staticmethod
@@ -128,10 +165,12 @@ def linear_cross_entropy(
     hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
     target_ids = target_ids.reshape(-1)
     num_items = target_ids.ne(-100).sum() if num_items_in_batch is None else num_items_in_batch
+    num_items = torch.as_tensor(num_items, device=hidden_states.device)
     rows = piece_rows(hidden_states.shape[0], hidden_states.shape[1], weight.shape[0])
     if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, weight, bias)):
         return LinearCrossEntropy.apply(hidden_states, weight, bias, target_ids, num_items, rows)
-    return _loss_and_grads(hidden_states, weight, bias, target_ids, num_items, rows)[0]
+    dtype = _compute_dtype(hidden_states)
+    return _loss_and_grads_operator(hidden_states, weight, bias, target_ids, num_items, rows, dtype, [False] * 3)[0]
 
 
 __all__ = ["linear_cross_entropy"]

@@ -308,8 +308,8 @@ class TwoTowerSSMTowers(TowerStack):
         return stack_output(self.tower_norm(torch.stack(outputs)), output_hidden_states)
 
     def extra_flops_per_token(self, block_size: int) -> int:
-        # the scan's readout is a contraction over N: 6 FLOPs per multiply-add for forward + backward, per direction (the
-        # scan's elementwise updates count as norms do: nothing)
+        # the scan's readout is a contraction over N: 6 FLOPs per multiply-add for forward + backward, per direction
+        # (the scan's elementwise updates count as norms do: nothing)
         return 6 * self.readout_products * (2 if self.bidirectional else 1)
 
 

@@ -146,3 +146,46 @@ def test_probe_loss_without_logits_equals_the_log_probability_loss(probe_type, p
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_compiled_the_loss_is_one_opaque_operator_with_the_eager_loss_and_gradients():
+    # Traced into, the piece loop was unrolled and ran slower than eager; as one operator the graph calls the eager
+    # code. The captured graph holds the operator once and none of the pieces' matmuls.
+    hidden, weight, bias, targets = decoder_problem()
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(linear_cross_entropy, backend=capture, fullgraph=True)
+    ours = loss_and_grads(lambda: compiled(hidden, weight, bias, targets), hidden, weight, bias)
+    eager = loss_and_grads(lambda: linear_cross_entropy(hidden, weight, bias, targets), hidden, weight, bias)
+    targets_called = [  # the autograd.Function's forward and backward are subgraphs of the captured graph
+        str(node.target)
+        for module in graphs[0].modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+        if node.op == "call_function"
+    ]
+    assert sum("loss_and_grads" in target for target in targets_called) == 1
+    assert not any(name in target for target in targets_called for name in ("addmm", "matmul", "exp"))
+    for value, expected in zip(ours, eager):
+        torch.testing.assert_close(value, expected, rtol=0, atol=0)
+
+
+def test_a_second_copy_of_the_module_registers_its_own_operator(tmp_path):
+    # Hub custom code loads the modeling files again under another module name, in the same process as the package
+    import importlib.util
+
+    import modeling_twotower.linear_cross_entropy as package_module
+
+    spec = importlib.util.spec_from_file_location("hub_copy.linear_cross_entropy", package_module.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy._OPERATOR != package_module._OPERATOR
+    hidden, weight, bias, targets = decoder_problem()
+    from_copy = loss_and_grads(lambda: copy.linear_cross_entropy(hidden, weight, bias, targets), hidden, weight, bias)
+    ours = loss_and_grads(lambda: linear_cross_entropy(hidden, weight, bias, targets), hidden, weight, bias)
+    for value, expected in zip(from_copy, ours):
+        torch.testing.assert_close(value, expected, rtol=0, atol=0)
