@@ -7,7 +7,9 @@ with the loss), interleaved in rounds, and prints each one's milliseconds, their
     python -m benchmarks.bench_linear_cross_entropy --num_threads 1    # the speed benchmark's size: 16 x 128 tokens
     python -m benchmarks.bench_linear_cross_entropy --num_threads 1 --vocab_size 50257 --piece_rows 8 32 64 128 256
 
-`--piece_rows` also times `linear_cross_entropy` at each given piece size, beside the rule's (`piece_rows`).
+`--piece_rows` also times `linear_cross_entropy` at each given piece size, beside the rule's (`piece_rows`);
+`--torch_chunked` also times torch's own `F.linear_cross_entropy` with its chunking (`LinearCrossEntropyOptions()`);
+`--compiled` also times the logits' loss and `linear_cross_entropy` under `torch.compile`.
 """
 
 import argparse
@@ -29,7 +31,14 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num_threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--piece_rows", type=int, nargs="*", default=[], help="also time these piece sizes (rows)")
+    parser.add_argument("--torch_chunked", action="store_true", help="also time torch's chunked F.linear_cross_entropy")
+    parser.add_argument("--compiled", action="store_true", help="also time both losses under torch.compile")
     return parser.parse_args(argv)
+
+
+def logits_loss(hidden, weight, bias, targets):
+    """transformers' LM head and loss: the [tokens, vocab] logits, then cross-entropy over them."""
+    return fixed_cross_entropy(F.linear(hidden, weight, bias), targets)
 
 
 def run(args) -> dict:
@@ -41,12 +50,20 @@ def run(args) -> dict:
     decoder = torch.nn.Linear(args.hidden_size, args.vocab_size)
     targets = torch.randint(0, args.vocab_size, (args.tokens,), generator=generator)
     steps = {
-        "with_logits": lambda: fixed_cross_entropy(F.linear(hidden, decoder.weight, decoder.bias), targets),
+        "with_logits": lambda: logits_loss(hidden, decoder.weight, decoder.bias, targets),
         "without_logits": lambda: linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets),
     }
+    if args.compiled:
+        for name, loss in (("with_logits", logits_loss), ("without_logits", linear_cross_entropy)):
+            compiled = torch.compile(loss)
+            steps[f"{name}_compiled"] = lambda loss=compiled: loss(hidden, decoder.weight, decoder.bias, targets)
     for rows in args.piece_rows:
         steps[f"{rows}_rows"] = lambda rows=rows: LinearCrossEntropy.apply(
             hidden, decoder.weight, decoder.bias, targets, args.tokens, rows
+        )
+    if args.torch_chunked:
+        steps["torch_chunked"] = lambda: F.linear_cross_entropy(
+            hidden, decoder.weight, targets, linear_bias=decoder.bias, options=torch.nn.LinearCrossEntropyOptions()
         )
     calls = {name: (lambda loss=loss: loss().backward()) for name, loss in steps.items()}
     timings = time_interleaved(calls, torch.device("cpu"), warmup=1, repeats=args.repeats, rounds=args.rounds)
@@ -64,9 +81,9 @@ def main(argv=None):
     rule_rows = piece_rows(args.tokens, args.hidden_size, args.vocab_size)
     print(f"decoder + cross-entropy, forward and backward: {args.tokens} positions, width {args.hidden_size}, "
           f"vocabulary {args.vocab_size}, {torch.get_num_threads()} threads (without logits: pieces of {rule_rows} rows):")
-    for name in ("with_logits", "without_logits", *(f"{rows}_rows" for rows in args.piece_rows)):
+    for name in [name for name in result if name != "ratio"]:
         ms, peak = result[name]
-        print(f"  {name:15s} {ms:8.1f} ms   peak memory {peak / 2**20:6.1f} MiB (inputs, weights, gradients included)")
+        print(f"  {name:24s} {ms:8.1f} ms   peak memory {peak / 2**20:6.1f} MiB (inputs, weights, gradients included)")
     print(f"  without logits: {result['ratio']:.2f}x faster")
     return result
 

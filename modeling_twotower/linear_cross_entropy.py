@@ -134,6 +134,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_states, weight, bias, target_ids, num_items, rows):
         needs_grad = list(ctx.needs_input_grad[:3])
+        num_items = torch.as_tensor(num_items, device=hidden_states.device)
         dtype = _compute_dtype(hidden_states)
         loss, *grads = _loss_and_grads_operator(
             hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad
@@ -165,11 +166,10 @@ def linear_cross_entropy(
     hidden_states = hidden_states.reshape(-1, hidden_states.shape[-1])
     target_ids = target_ids.reshape(-1)
     num_items = target_ids.ne(-100).sum() if num_items_in_batch is None else num_items_in_batch
-    num_items = torch.as_tensor(num_items, device=hidden_states.device)
     rows = piece_rows(hidden_states.shape[0], hidden_states.shape[1], weight.shape[0])
     if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, weight, bias)):
         return LinearCrossEntropy.apply(hidden_states, weight, bias, target_ids, num_items, rows)
-    dtype = _compute_dtype(hidden_states)
+    num_items, dtype = torch.as_tensor(num_items, device=hidden_states.device), _compute_dtype(hidden_states)
     return _loss_and_grads_operator(hidden_states, weight, bias, target_ids, num_items, rows, dtype, [False] * 3)[0]
 
 

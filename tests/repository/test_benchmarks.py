@@ -495,8 +495,10 @@ def test_the_ablation_benchmark_times_both_scoring_passes(capsys):
 
 def test_the_loss_without_logits_benchmark_times_both_and_holds_less_memory(capsys):
     result = bench_linear_cross_entropy.main(["--tokens", "256", "--hidden_size", "16", "--vocab_size", "512",
-                                              "--repeats", "2", "--rounds", "1", "--piece_rows", "8", "256"])  # fmt: skip
+                                              "--repeats", "2", "--rounds", "1", "--piece_rows", "8", "256",
+                                              "--torch_chunked"])  # fmt: skip
     assert result["8_rows"][0] > 0 and result["256_rows"][0] > 0  # one piece of all 256 rows, and 32 of 8
+    assert result["torch_chunked"][0] > 0
     (with_ms, with_peak), (without_ms, without_peak) = result["with_logits"], result["without_logits"]
     assert with_ms > 0 and without_ms > 0 and result["ratio"] == pytest.approx(with_ms / without_ms)
     logits_bytes = 256 * 512 * 4
