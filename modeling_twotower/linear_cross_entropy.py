@@ -9,6 +9,7 @@ import math
 import re
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 
 MIN_PIECE_ROWS = 512
@@ -126,6 +127,20 @@ def _(hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_gra
     tensors = (hidden_states, weight, bias)
     grads = (torch.empty_like(tensor) if need else tensor.new_empty(0) for tensor, need in zip(tensors, needs_grad))
     return loss, *grads
+
+
+def _loss_and_grads_flops(hidden_shape, weight_shape, bias_shape, targets_shape, num_items_shape, rows, dtype,
+                          needs_grad, out_shape=None) -> int:  # fmt: skip
+    # torch's FLOP counter sees the operator, not the matmuls inside it: the logits' and each asked-for gradient's,
+    # 2 * tokens * hidden * vocab FLOPs each (the softmax counts as elementwise work does: nothing)
+    matmuls = 1 + needs_grad[0] + needs_grad[1]
+    return 2 * hidden_shape[0] * hidden_shape[1] * weight_shape[0] * matmuls
+
+
+try:
+    register_flop_formula(getattr(torch.ops.twotower, _OPERATOR.split("::")[1]))(_loss_and_grads_flops)
+except RuntimeError:  # the module run again (importlib.reload): its operator's formula is registered already
+    pass
 
 
 class LinearCrossEntropy(torch.autograd.Function):

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
 from transformers.loss.loss_utils import fixed_cross_entropy
 
 from conftest import tiny_two_tower
@@ -189,3 +190,19 @@ def test_a_second_copy_of_the_module_registers_its_own_operator(tmp_path):
     ours = loss_and_grads(lambda: linear_cross_entropy(hidden, weight, bias, targets), hidden, weight, bias)
     for value, expected in zip(from_copy, ours):
         torch.testing.assert_close(value, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "requires_grad, matmuls",
+    [((True, True, True), 3), ((False, True, True), 2), ((True, False, False), 2), ((False, False, False), 1)],
+    ids=["all", "decoder_only", "hidden_only", "no_grad"],
+)
+def test_torchs_flop_counter_counts_the_operators_matmuls(requires_grad, matmuls):
+    # inside the operator the counter sees nothing: its formula counts the logits' matmul and one per gradient asked
+    # for (the hidden states', the decoder weight's)
+    hidden, weight, bias, targets = decoder_problem()
+    for tensor, flag in zip((hidden, weight, bias), requires_grad):
+        tensor.requires_grad_(flag)
+    with FlopCounterMode(display=False) as counter:
+        linear_cross_entropy(hidden, weight, bias, targets)
+    assert counter.get_total_flops() == matmuls * 2 * TOKENS * HIDDEN * VOCAB
