@@ -143,17 +143,20 @@ except RuntimeError:  # the module run again (importlib.reload): its operator's 
     pass
 
 
+def _call_operator(hidden_states, weight, bias, target_ids, num_items, rows, needs_grad):
+    # the operator takes tensors and plain values only: num_items as a tensor, autocast's dtype read here
+    num_items = torch.as_tensor(num_items, device=hidden_states.device)
+    dtype = _compute_dtype(hidden_states)
+    return _loss_and_grads_operator(hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad)
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """`linear_cross_entropy` under autograd: forward returns the loss and keeps its gradients for backward."""
 
     @staticmethod
     def forward(ctx, hidden_states, weight, bias, target_ids, num_items, rows):
         needs_grad = list(ctx.needs_input_grad[:3])
-        num_items = torch.as_tensor(num_items, device=hidden_states.device)
-        dtype = _compute_dtype(hidden_states)
-        loss, *grads = _loss_and_grads_operator(
-            hidden_states, weight, bias, target_ids, num_items, rows, dtype, needs_grad
-        )
+        loss, *grads = _call_operator(hidden_states, weight, bias, target_ids, num_items, rows, needs_grad)
         ctx.save_for_backward(*(grad if need else None for grad, need in zip(grads, needs_grad)))
         return loss
 
@@ -184,8 +187,7 @@ def linear_cross_entropy(
     rows = piece_rows(hidden_states.shape[0], hidden_states.shape[1], weight.shape[0])
     if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, weight, bias)):
         return LinearCrossEntropy.apply(hidden_states, weight, bias, target_ids, num_items, rows)
-    num_items, dtype = torch.as_tensor(num_items, device=hidden_states.device), _compute_dtype(hidden_states)
-    return _loss_and_grads_operator(hidden_states, weight, bias, target_ids, num_items, rows, dtype, [False] * 3)[0]
+    return _call_operator(hidden_states, weight, bias, target_ids, num_items, rows, [False] * 3)[0]
 
 
 __all__ = ["linear_cross_entropy"]

@@ -67,9 +67,9 @@ def chunked_scan_(
     time_step: torch.Tensor,
     A: torch.Tensor,
     inputs: torch.Tensor,
-    chunk: int = SCAN_CHUNK,
+    chunk: int,
+    work: torch.Tensor,
     reverse: bool = False,
-    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """
     The states of the recurrence state_t = exp(time_step_t * A) * state_{t-1} + inputs_t from a zero state (with
@@ -78,9 +78,8 @@ def chunked_scan_(
     where `seq` is not a multiple of `chunk`). Each chunk's states start from zero, every chunk at once; then, chunk
     after chunk, the state leaving one chunk is added to the next one's, decayed by exp(A * the time steps summed from
     the chunk's entry): sums of time steps in log space, whose exponentials never exceed 1 (A < 0), where dividing by
-    cumulative products of decays would underflow. `work` ([batch, chunk, channels, N], made if not given) holds a
-    chunk's decays: on the CPU a fresh [batch, seq, channels, N] tensor costs more in page faults than the
-    exponentials themselves.
+    cumulative products of decays would underflow. `work` ([batch, chunk, channels, N]) holds a chunk's decays: on
+    the CPU a fresh [batch, seq, channels, N] tensor costs more in page faults than the exponentials themselves.
     """
     seq_len = inputs.shape[1]
     time_step, states = _in_chunks(time_step, chunk), _in_chunks(inputs, chunk)  # [b, K, T, c], [b, K, T, c, N]
@@ -94,7 +93,6 @@ def chunked_scan_(
     num_chunks = states.shape[1]
     if num_chunks > 1:
         entered = time_step.flip(2).cumsum(2).flip(2) if reverse else time_step.cumsum(2)
-        work = states.new_empty(states[:, 0].shape) if work is None else work
         chunks = range(num_chunks - 1, -1, -1) if reverse else range(num_chunks)
         for previous, k in zip(chunks, chunks[1:]):  # `previous` already holds its whole states
             chunk_decays = torch.mul(entered[:, k, :, :, None], A, out=work).exp2_()
@@ -118,7 +116,7 @@ class SelectiveScan(torch.autograd.Function):
         with torch.autocast(time_step.device.type, enabled=False):
             inputs = (time_step * channels)[..., None] * B[:, :, None]
             work = inputs.new_empty((inputs.shape[0], chunk) + inputs.shape[2:])
-            states = chunked_scan_(time_step, A, inputs, chunk, work=work)
+            states = chunked_scan_(time_step, A, inputs, chunk, work)
             ctx.save_for_backward(time_step, A, B, C, channels, states)
             ctx.chunk = chunk
             pieces = _pieces(states.shape[1], chunk)
@@ -132,7 +130,7 @@ class SelectiveScan(torch.autograd.Function):
         # d loss / d state_t = output_grad_t C_t + exp(time_step_{t+1} * A) * d loss / d state_{t+1}
         next_time_step = F.pad(time_step[:, 1:], (0, 0, 0, 1))
         readout_grad = output_grad[..., None] * C[:, :, None]
-        state_grad = chunked_scan_(next_time_step, A, readout_grad, ctx.chunk, reverse=True, work=work)
+        state_grad = chunked_scan_(next_time_step, A, readout_grad, ctx.chunk, work, reverse=True)
         grads = {"driven": [], "B": [], "C": [], "time_step": []}
         A_grad = torch.zeros_like(A)
         for p in _pieces(states.shape[1], ctx.chunk):

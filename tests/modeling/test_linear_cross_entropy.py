@@ -1,11 +1,14 @@
 """The loss without logits (`linear_cross_entropy`, `skip_logits=True`): equal to the logits' loss and gradients."""
 
+import importlib.util
+
 import pytest
 import torch
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 from transformers.loss.loss_utils import fixed_cross_entropy
 
+import modeling_twotower.linear_cross_entropy as package_module
 from conftest import tiny_two_tower
 from modeling_twotower import TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.linear_cross_entropy import linear_cross_entropy, piece_rows
@@ -177,10 +180,6 @@ def test_compiled_the_loss_is_one_opaque_operator_with_the_eager_loss_and_gradie
 
 def test_a_second_copy_of_the_module_registers_its_own_operator(tmp_path):
     # Hub custom code loads the modeling files again under another module name, in the same process as the package
-    import importlib.util
-
-    import modeling_twotower.linear_cross_entropy as package_module
-
     spec = importlib.util.spec_from_file_location("hub_copy.linear_cross_entropy", package_module.__file__)
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
