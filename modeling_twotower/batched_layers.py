@@ -42,6 +42,66 @@ class TwoTowerBlockLinear(TwoTowerBatchedLinear):
         self.writes_residual = writes_residual
 
 
+def _per_tower(parameter: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    # [towers, hidden] -> [towers, 1, ..., 1, hidden], broadcasting over hidden_states [towers, ..., hidden]
+    return parameter.view((parameter.shape[0],) + (1,) * (hidden_states.dim() - 2) + (parameter.shape[-1],))
+
+
+def _batched_layer_norm(hidden_states, weight, bias, eps):
+    normalized = F.layer_norm(hidden_states, hidden_states.shape[-1:], eps=eps)
+    return normalized * _per_tower(weight, hidden_states) + _per_tower(bias, hidden_states)
+
+
+class BatchedLayerNorm(torch.autograd.Function):
+    """
+    `_batched_layer_norm` with the same values and gradients, keeping only its input for backward. Under autograd
+    the composite kept the normalized states too, for the weight's gradient: one more [towers, ..., hidden] tensor
+    per LayerNorm, which put the two-tower model's peak above GPT-2's and on the CPU cost each step the page faults
+    of a heap grown again. Backward normalizes once more instead.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_states, weight, bias, eps):
+        normalized = F.layer_norm(hidden_states, hidden_states.shape[-1:], eps=eps)  # where autocast casts, float32
+        ctx.save_for_backward(hidden_states, weight, bias)
+        ctx.eps, ctx.normalized_dtype = eps, normalized.dtype
+        return (normalized * _per_tower(weight, hidden_states)).add_(_per_tower(bias, hidden_states))
+
+    @staticmethod
+    def backward(ctx, output_grad):
+        hidden_states, weight, bias = ctx.saved_tensors
+        hidden_states = hidden_states.to(ctx.normalized_dtype)  # as autocast cast it forward
+        if torch.is_grad_enabled():  # create_graph: the composite's own backward, differentiable again
+            return _composite_grads(ctx, output_grad, hidden_states, weight, bias)
+        # the ops, and so the rounding, of autograd over the composite
+        shape = hidden_states.shape[-1:]
+        normalized, mean, rstd = torch.native_layer_norm(hidden_states, shape, None, None, ctx.eps)
+        input_grad = weight_grad = bias_grad = None
+        if ctx.needs_input_grad[0]:
+            normalized_grad = (output_grad * _per_tower(weight, output_grad)).to(normalized.dtype)
+            input_grad = torch.ops.aten.native_layer_norm_backward(
+                normalized_grad, hidden_states, shape, mean, rstd, None, None, [True, False, False]
+            )[0]
+        if ctx.needs_input_grad[1]:
+            weight_grad = _sum_over_positions(output_grad * normalized).view(weight.shape)
+        if ctx.needs_input_grad[2]:
+            bias_grad = _sum_over_positions(output_grad).view(bias.shape)
+        return input_grad, weight_grad, bias_grad, None
+
+
+def _sum_over_positions(states: torch.Tensor) -> torch.Tensor:
+    # [towers, ..., hidden] -> [towers, hidden]; an empty dim list would sum everything
+    dims = tuple(range(1, states.dim() - 1))
+    return states.sum(dims) if dims else states
+
+
+def _composite_grads(ctx, output_grad, hidden_states, weight, bias):
+    inputs = [t for t, needed in zip((hidden_states, weight, bias), ctx.needs_input_grad) if needed]
+    output = _batched_layer_norm(hidden_states, weight, bias, ctx.eps)
+    grads = iter(torch.autograd.grad(output, inputs, output_grad, create_graph=True))
+    return tuple(next(grads) if needed else None for needed in ctx.needs_input_grad[:3]) + (None,)
+
+
 class TwoTowerBatchedLayerNorm(nn.Module):
     """One LayerNorm per tower; weight and bias [towers, hidden]."""
 
@@ -53,9 +113,7 @@ class TwoTowerBatchedLayerNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # [towers, ..., hidden]
-        shape = (hidden_states.shape[0],) + (1,) * (hidden_states.dim() - 2) + (hidden_states.shape[-1],)
-        normalized = F.layer_norm(hidden_states, hidden_states.shape[-1:], eps=self.eps)
-        return normalized * self.weight.view(shape) + self.bias.view(shape)
+        return BatchedLayerNorm.apply(hidden_states, self.weight, self.bias, self.eps)
 
 
 class TowerStackOutput(NamedTuple):
