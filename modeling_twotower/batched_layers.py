@@ -56,8 +56,8 @@ class BatchedLayerNorm(torch.autograd.Function):
     """
     `_batched_layer_norm` with the same values and gradients, keeping only its input for backward. Under autograd
     the composite kept the normalized states too, for the weight's gradient: one more [towers, ..., hidden] tensor
-    per LayerNorm, which put the two-tower model's peak above GPT-2's and on the CPU cost each step the page faults
-    of a heap grown again. Backward normalizes once more instead.
+    per LayerNorm at a training step's peak, which on the CPU cost every step the page faults of a heap grown again
+    (docs/speed.md). Backward normalizes once more instead.
     """
 
     @staticmethod
