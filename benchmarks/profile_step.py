@@ -8,8 +8,8 @@ step and as a share of the step.
 
 Eager ops are grouped by the module that ran them (forward hooks open a profiler range; a backward op takes the
 group of the forward op that made its autograd node). Compiled code runs as inductor kernels, grouped by name and
-shape: the fusion's LayerNorm counts as a layer norm there, and a kernel that fuses a dropout into other work
-counts as dropout masks.
+shape: the fusion's LayerNorm counts as a layer norm there, a kernel that fuses a dropout into other work
+counts as dropout masks, and the loss's operator with everything it runs counts as the vocabulary projection and loss.
 """
 
 import statistics
@@ -32,6 +32,7 @@ GROUPS = (
 COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::_to_copy", "aten::empty_like")
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 OPTIMIZER_RANGE = "group:optimizer step"
+LOSS_OPERATOR_SUFFIX = "_loss_and_grads"  # linear_cross_entropy's operator, named after its module
 NAME_GROUPS = (  # a fused kernel belongs to the first group one of its op names matches
     (("log_softmax", "nll_loss", "cross_entropy", "gather"), "vocabulary projection + loss"),  # gather: the gold logit
     (("softmax", "scaled_dot_product", "flash_attention"), "attention"),
@@ -118,6 +119,8 @@ def range_group(event, forward_groups: dict[int, str]) -> str | None:
             return event.name[len("group:"):]
         if event.name == "aten::scaled_dot_product_attention":
             return "attention"
+        if event.name.startswith("twotower::") and event.name.endswith(LOSS_OPERATOR_SUFFIX):
+            return "vocabulary projection + loss"  # compiled, the loss is this one operator; its ops are inside it
         if event.name.startswith("autograd::engine::evaluate_function") and event.sequence_nr in forward_groups:
             return forward_groups[event.sequence_nr]
         event = event.cpu_parent

@@ -1,5 +1,7 @@
 """benchmarks/: the baselines, FLOP counts, memory measurement, settings search, report, and the command itself."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from accelerate.commands.config.config_args import load_config_from_file
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+import modeling_twotower.linear_cross_entropy as linear_cross_entropy_module
 from benchmarks import (
     bench_linear_cross_entropy,
     bench_scoring_ablation,
@@ -410,6 +413,18 @@ def test_profile_groups_a_training_step_by_module():
             assert times[name][group] > 0, (name, group)
     assert times[TWO_TOWER]["fusion"] > 0 and times[GPT2_EQUAL_FLOPS]["fusion"] == 0
     assert "| fusion |" in profile_step.markdown({name: times[name] for name in times})
+
+
+def test_profile_puts_what_runs_inside_the_loss_operator_under_the_loss():
+    # compiled, no module range surrounds the loss: its exponentials and sums are children of its operator's event
+    config = tiny_two_tower_config()
+    operator = SimpleNamespace(name=f"twotower::{linear_cross_entropy_module._OPERATOR.split('::')[1]}",
+                               cpu_parent=None, sequence_nr=-1)  # fmt: skip
+    for name in ("aten::exp_", "aten::sum", "aten::addmm_"):
+        event = SimpleNamespace(name=name, cpu_parent=operator, sequence_nr=-1, input_shapes=[])
+        assert profile_step.event_group(event, {}, config) == "vocabulary projection + loss", name
+    outside = SimpleNamespace(name="aten::exp_", cpu_parent=None, sequence_nr=-1, input_shapes=[])
+    assert profile_step.event_group(outside, {}, config) == "other"
 
 
 @pytest.mark.parametrize("size, width", [("tiny", 64), ("small", 192), ("base", 384)])
