@@ -3,7 +3,18 @@
 # Sourced by scripts/test.sh and scripts/train_tiny.sh. On a GPU machine install torch your usual way instead.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Stops at once, naming the folder, where it has less than $2 MB free for $3 (the scripts that source this file use it
+# too): a full disk otherwise shows minutes later as hundreds of "No space left on device" errors.
+require_free_mb() {
+  local free
+  free="$(df -Pm "$1" | awk 'NR == 2 {print $4}')"
+  if [ "$free" -lt "$2" ]; then
+    echo "error: $1 has $free MB free; about $2 MB are needed for $3. Free some space there and run this again." >&2
+    exit 1
+  fi
+}
 if [ ! -x "$repo/.venv/bin/python" ]; then
+  require_free_mb "$repo" 3000 "a new .venv (2.6 GB: PyTorch's CPU build, the package and the test tools)"
   python3 -m venv "$repo/.venv"
 fi
 # shellcheck disable=SC1091

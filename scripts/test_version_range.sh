@@ -31,7 +31,10 @@ python scripts/version_range.py save "$work/models"
 for end in "${ends[@]}"; do
   case "$end" in floor | newest) ;; *) echo "unknown end '$end': use floor or newest" >&2; exit 2 ;; esac
   venv="$repo/.venv-ranges/$end"
-  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  if [ ! -x "$venv/bin/python" ]; then
+    require_free_mb "$repo" 1500 "a new $venv (1.2 GB)"
+    python3 -m venv "$venv"
+  fi
   # torch first and alone, then the ranges with torch held to it: an unpinned resolve could pull a CUDA build
   "$venv/bin/python" -m pip install -q "$torch_pin"
   mapfile -t requirements < <(python scripts/version_range.py requirements "$end")

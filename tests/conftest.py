@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ import torch
 # huggingface_hub, which reads it once) is imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The training tests load corpora written to fresh temporary folders, and datasets caches each one (its Arrow files
+# and tokenized blocks) under ~/.cache/huggingface/datasets, where nothing removes them: 5 GB on one development
+# machine, which filled its disk. The suite's cache lives and dies with its process (each worker, and the
+# processes it launches, which inherit the variable). Set before datasets, which reads it once, is imported.
+_DATASETS_CACHE = tempfile.TemporaryDirectory(prefix="twotower-tests-datasets-")
+os.environ["HF_DATASETS_CACHE"] = _DATASETS_CACHE.name
 # Tiny test models spend more time synchronising threads than computing; one thread per process (subprocesses
 # such as the 2-process torchrun runs inherit it) is many times faster on a 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -118,6 +118,18 @@ def test_blocks_are_the_running_token_stream_cut_in_order(wikitext_train, bpe_to
     assert list(chain.from_iterable(blocks)) == stream[: len(blocks) * 17]
 
 
+def test_the_suite_caches_corpora_and_blocks_in_its_own_temporary_folder(wikitext_train, bpe_tokenizer, tmp_path):
+    # conftest points datasets at a folder removed with the test process; a cache file anywhere else (the home
+    # cache) would outlive the run, and the suite's runs filled a disk that way.
+    (tmp_path / "train.txt").write_text("".join(_first_lines(wikitext_train, 60)))
+    raw_datasets = load_raw_datasets("unused", train_file=str(tmp_path / "train.txt"))
+    blocks = tokenize_and_group(raw_datasets, bpe_tokenizer, block_size=17)
+    suite_cache = Path(os.environ["HF_DATASETS_CACHE"]).resolve()
+    assert suite_cache.name.startswith("twotower-tests-datasets-")
+    cache_files = [Path(f["filename"]).resolve() for d in (raw_datasets, blocks) for f in d["train"].cache_files]
+    assert cache_files and all(suite_cache in path.parents for path in cache_files), cache_files
+
+
 def test_lines_longer_than_the_model_become_blocks_without_a_length_warning(wikitext_train, bpe_tokenizer, tmp_path):
     lines = _first_lines(wikitext_train, 60)
     (tmp_path / "train.txt").write_text("".join(lines))
