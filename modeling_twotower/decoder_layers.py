@@ -1,11 +1,13 @@
 """The transformer layers of the towers: attention, MLP and the pre-LN block, every tower at one depth at once.
 
 Attention folds the towers into the head dimension, so one attention call (and one cache slot per depth) covers
-every tower's heads, and towers never exchange information.
+every tower's heads, and towers never exchange information. Training on the CPU with attention dropout, attention
+runs a tower at a time instead, to the same bits (`tower_at_a_time_attention`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,38 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     return attn_output, attn_weights
 
 
+def tower_at_a_time_attention(query, key, value, scaling, dropout, is_causal):
+    """
+    Attention with dropout as torch's math kernel computes it, the one `scaled_dot_product_attention` runs on the
+    CPU when dropout is on, a tower at a time; query, key, value [towers, batch, heads, seq, head_dim] ->
+    [towers, batch, seq, heads * head_dim].
+
+    Why: folded into one call, every tower's scores, weights and dropout noise are one [batch, towers * heads, seq,
+    seq] tensor, twice a one-tower model's, and on the CPU such tensors fall out of the cache (docs/speed.md). The
+    noise is drawn once over all towers' heads, as the single call drew it, and the ops are the kernel's, so values,
+    gradients and dropout masks are bitwise those of the single call.
+    """
+    num_towers, batch, heads, seq, head_dim = query.shape
+    # each tower's heads laid out as in the folded call, so that its matmuls take the same kernels: other layouts
+    # (the projections' [towers, batch, seq, heads, head_dim] transposed) round differently
+    query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+    scale_root = math.sqrt(scaling)  # the math kernel scales query and key by the root each
+    noise = torch.empty(batch, num_towers * heads, seq, seq, dtype=query.dtype, device=query.device)
+    noise = noise.bernoulli_(1 - dropout).div_(1 - dropout).view(batch, num_towers, heads, seq, seq)
+    causal_mask = None
+    if is_causal and seq > 1:  # 0 where a position may attend, -inf where not, as the kernel builds it
+        future = torch.ones(seq, seq, dtype=torch.bool, device=query.device).triu(1)
+        causal_mask = torch.zeros(seq, seq, dtype=query.dtype, device=query.device).masked_fill_(future, -math.inf)
+    outputs = []
+    for tower in range(num_towers):
+        scores = torch.matmul(query[tower] * scale_root, key[tower].transpose(-2, -1) * scale_root)
+        if causal_mask is not None:
+            scores.add_(causal_mask)
+        weights = F.softmax(scores, dim=-1) * noise[:, tower]  # no row is all -inf: softmax is the kernel's safe one
+        outputs.append(torch.matmul(weights, value[tower]).transpose(1, 2))  # [batch, seq, heads, head_dim]
+    return torch.stack(outputs).view(num_towers, batch, seq, heads * head_dim)  # one copy, into the output's layout
+
+
 class TwoTowerAttention(nn.Module):
     """Self-attention (causal or bidirectional) of every tower at one depth, the towers folded into the heads."""
 
@@ -62,16 +96,32 @@ class TwoTowerAttention(nn.Module):
         states = states.view(num_towers, batch, seq, -1, self.head_dim).permute(1, 0, 3, 2, 4)
         return states.reshape(batch, -1, seq, self.head_dim)
 
+    def _runs_a_tower_at_a_time(self, query, attention_mask, cache, implementation) -> bool:
+        # where `tower_at_a_time_attention` is bitwise SDPA's: its math kernel (the CPU's, with dropout), at full
+        # precision, without a mask or cache; compiled, inductor rewrites the kernel anyway (docs/speed.md)
+        return (
+            implementation == "sdpa" and self.training and self.config.attention_dropout > 0
+            and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
+            and attention_mask is None and cache is None and not torch.compiler.is_compiling()
+        )  # fmt: skip
+
     def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
         num_towers, batch, seq, hidden = hidden_states.shape
-        query = self._to_heads(self.q_proj(hidden_states))
-        key = self._to_heads(self.k_proj(hidden_states))
-        value = self._to_heads(self.v_proj(hidden_states))
+        query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        # Attention weights exist only on the eager path; interpretability users ask for them explicitly.
+        implementation = "eager" if output_attentions else self.config._attn_implementation
+        if self._runs_a_tower_at_a_time(query, attention_mask, cache, implementation):
+            per_tower_heads = (num_towers, batch, seq, -1, self.head_dim)
+            query, key, value = (states.view(per_tower_heads).transpose(2, 3) for states in (query, key, value))
+            attn_output = tower_at_a_time_attention(
+                query, key, value, self.scaling, self.config.attention_dropout, self.is_causal
+            )
+            return self.o_proj(attn_output), None
+
+        query, key, value = self._to_heads(query), self._to_heads(key), self._to_heads(value)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
 
-        # Attention weights exist only on the eager path; interpretability users ask for them explicitly.
-        implementation = "eager" if output_attentions else self.config._attn_implementation
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         attn_output, attn_weights = attention_interface(
             self,
@@ -127,4 +177,6 @@ class TwoTowerDecoderLayer(GradientCheckpointingLayer):
         return hidden_states, attn_weights
 
 
-__all__ = ["TwoTowerAttention", "TwoTowerDecoderLayer", "TwoTowerMLP", "eager_attention_forward"]
+__all__ = [
+    "TwoTowerAttention", "TwoTowerDecoderLayer", "TwoTowerMLP", "eager_attention_forward", "tower_at_a_time_attention"
+]
