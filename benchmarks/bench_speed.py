@@ -3,7 +3,8 @@ Speed of the two-tower model side by side (issue #7): Hugging Face GPT-2 with eq
 tower's width, num_towers * layers deep), the same GPT-2 trained through the two-tower model's own loss (what the
 towers cost, the loss aside) and the reference code's approach (one GPT-2 per tower, run one after the other, then
 the fusion head), measured in one run on one machine: training tokens/s, step time, peak
-memory and MFU, cached greedy decoding (tokens/s) and the scoring pipeline (scored tokens/s), with the ratios.
+memory and MFU (on the CPU each model trains in a process of its own, its steps timed in rounds over the models),
+cached greedy decoding (tokens/s) and the scoring pipeline (scored tokens/s), with the ratios.
 With --search, the fastest training setting for this machine ("$100K or 100 Days"), printed as an Accelerate
 config plus training arguments and the projected time of a recipe.
 
@@ -16,9 +17,11 @@ A smoke run (seconds):
     python -m benchmarks.bench_speed --sizes tiny --vocab_size 128 --seq_len 32 --micro_batch 2 --quick
 """
 
+import contextlib
 import os
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 import torch
 from transformers import HfArgumentParser
@@ -36,6 +39,7 @@ from .baselines import (
     training_flops_per_token,
 )
 from .measure import PeakFlops, machine_info, release_memory
+from .own_process import InOwnProcess
 from .report import comparison_markdown, config_line, machine_line, search_markdown, update_document
 from .settings_search import best_combination, candidate_settings, one_at_a_time, search_fastest_setting
 from .workloads import (
@@ -100,6 +104,9 @@ class BenchmarkArguments:
     repeats: int | None = None  # timed calls per workload, the median is reported; None = 6 (3 with --quick)
     rounds: int | None = None  # the timed calls are split into this many rounds over the models (fairer under
     # load that comes and goes); None = 2 (1 with --quick)
+    own_processes: bool | None = None  # train each model in a process of its own, as the training command runs
+    # it (on the CPU, a model's step in one process with the others runs in a heap they shaped: docs/speed.md);
+    # None = on the CPU only (accelerators' caching allocators reuse freed memory, and each process would hold one)
     device: str = "auto"  # auto (the accelerator if there is one, else cpu) | cpu | cuda | cuda:1 ...
     num_threads: int | None = None  # torch CPU threads; None = torch's default (one per core). On a shared machine
     # use fewer: threads that wait for a descheduled sibling at every op make each op many times slower
@@ -181,18 +188,26 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     prompt_ids = input_ids[:, : seq_len - new_tokens]
     timing = dict(device=device, warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, each_round=each_round)
 
-    print("  training", flush=True)
+    own_processes = device.type == "cpu" if args.own_processes is None else args.own_processes
+    print(f"  training{', each model in a process of its own' if own_processes else ''}", flush=True)
     names = MODEL_NAMES + ((TWO_TOWER_SSM,) if args.ssm_row else ())
-    models = {name: build_model(name, config) for name in names}
-    rows = {name: {"parameters": num_parameters(model)} for name, model in models.items()}
-    steps = {name: TrainingStep(model, setting, device, input_ids) for name, model in models.items()}
+    rows = {name: {"parameters": num_parameters(build_model(name, config))} for name in names}
+    cpu_ids = input_ids.cpu()  # what a worker process receives; each step moves it to the device
+    builds = {name: partial(training_step, name, config, setting, device, cpu_ids) for name in names}
     twin = compiled_twin_setting(setting, args)
     if twin is not None:  # each model also compiled, a fresh copy with the same weights, timed in the same rounds
         for name in MODEL_NAMES:
-            steps[f"{name} {COMPILED}"] = TrainingStep(build_model(name, config), twin, device, input_ids)
-    train = measure(steps, **timing)
-    del steps
+            builds[f"{name} {COMPILED}"] = partial(training_step, name, config, twin, device, cpu_ids)
+    with contextlib.ExitStack() as processes:
+        if own_processes:  # started together, so that their imports and models overlap
+            steps = {name: processes.enter_context(InOwnProcess(build, torch.get_num_threads()))
+                     for name, build in builds.items()}  # fmt: skip
+        else:
+            steps = {name: build() for name, build in builds.items()}
+        train = measure(steps, **timing)
+        del steps
     # fresh models for inference: no checkpointing, compilation or optimizer state left over
+    models = {name: build_model(name, config) for name in names}
     models = {name: build_model(name, config) for name in names}
     release_memory(device)
     print("  scoring", flush=True)
@@ -215,6 +230,7 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     return {
         "setting": str(setting),
         "compiled_setting": None if twin is None else str(twin),
+        "own_processes": own_processes,
         "micro_batch": micro_batch,
         "decode_batch": micro_batch,
         "new_tokens": new_tokens,
@@ -224,6 +240,11 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
         "rounds": args.rounds,
         "models": rows,
     }
+
+
+def training_step(name: str, config, setting: Setting, device: torch.device, input_ids) -> TrainingStep:
+    """A training step of the model `name`, built where it will run (this process or its own)."""
+    return TrainingStep(build_model(name, config), setting, device, input_ids.to(device))
 
 
 def compiled_twin_setting(setting: Setting, args: BenchmarkArguments) -> Setting | None:

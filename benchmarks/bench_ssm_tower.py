@@ -1,6 +1,7 @@
 """
 Training tokens/s of the state-space towers (`tower_type="ssm"`) next to the transformer towers at equal parameters
-(the tiny and tiny_ssm recipes' models), timed in rounds over both models so that both see the same machine load;
+(the tiny and tiny_ssm recipes' models), each model in a process of its own (as the training command runs it) and
+timed in rounds over both so that both see the same machine load;
 the selective scan alone (forward and backward at the ssm model's mixer shapes) in chunks of each length asked for
 against one chunk, the sequential scan (one position per step); and what batching the towers could gain: the two
 towers' mixers run one after the other, against one mixer on both towers' batches at once (shared weights: the most
@@ -10,8 +11,10 @@ a batched kernel could save).
 """
 
 import argparse
+import contextlib
 import statistics
 import time
+from functools import partial
 
 import torch
 from torch.nn import functional as F
@@ -20,6 +23,8 @@ from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
 from modeling_twotower.towers_ssm import SCAN_CHUNK, SSM_STATE_SIZE, SelectiveScan
 
 from .measure import time_interleaved
+from .own_process import InOwnProcess
+from .workloads import Setting, TrainingStep
 
 VOCAB = 4096  # the tiny recipes' tokenizer
 SSM_CHANNELS = 192  # tiny_ssm's intermediate_size: its towers' parameters equal the transformer towers'
@@ -32,16 +37,9 @@ def build(name: str) -> TwoTowerForCausalLM:
     return TwoTowerForCausalLM(TwoTowerConfig.from_preset("tiny", vocab_size=VOCAB, **MODELS[name])).train()
 
 
-def training_step(model, input_ids):
-    """One training step (forward, backward, AdamW) as a call."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step():
-        model(input_ids, labels=input_ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return step
+def training_step(name: str, input_ids: torch.LongTensor) -> TrainingStep:
+    """A training step (forward, backward, clipping, AdamW) of the model `name`, built where it will run."""
+    return TrainingStep(build(name), Setting(), CPU, input_ids)
 
 
 def scan_inputs(batch_size: int, seq_len: int) -> list[torch.Tensor]:
@@ -74,12 +72,16 @@ def compare_training(args) -> float:
     for name, model in models.items():
         print(f"{name}: {model.num_parameters(exclude_embeddings=True) / 1e3:.1f}k non-embedding parameters, "
               f"{sum(p.numel() for p in model.model.towers.parameters()) / 1e3:.1f}k in the towers")
-    steps = {name: training_step(model, input_ids) for name, model in models.items()}
-    timings = time_interleaved(steps, CPU, warmup=1, repeats=args.repeats, rounds=args.rounds)
+    with contextlib.ExitStack() as processes:
+        steps = {
+            name: processes.enter_context(InOwnProcess(partial(training_step, name, input_ids), args.num_threads))
+            for name in MODELS
+        }
+        timings = time_interleaved(steps, CPU, warmup=1, repeats=args.repeats, rounds=args.rounds)
     rates = {name: input_ids.numel() / timing.median_s for name, timing in timings.items()}
     ratio = rates["ssm"] / rates["transformer"]
-    print(f"training tokens/s, median of {args.repeats} steps in {args.rounds} rounds: transformer "
-          f"{rates['transformer']:.0f}, ssm {rates['ssm']:.0f}, ssm / transformer {ratio:.3f}")
+    print(f"training tokens/s (each model in a process of its own), median of {args.repeats} steps in {args.rounds} "
+          f"rounds: transformer {rates['transformer']:.0f}, ssm {rates['ssm']:.0f}, ssm / transformer {ratio:.3f}")
 
     mixers = [tower[0].mixer for tower in models["ssm"].model.towers.forward_blocks]
     inputs = torch.randn(len(mixers), args.batch_size, args.block_size, models["ssm"].config.hidden_size)

@@ -41,6 +41,20 @@ class Timing:
         return statistics.median(self.seconds)
 
 
+def time_calls(call: Callable[[], object], device: torch.device, warmup: int, count: int) -> list[float]:
+    """`warmup` untimed calls of `call`, then `count` timed ones: their wall times in seconds."""
+    for _ in range(warmup):
+        call()
+    seconds = []
+    for _ in range(count):
+        synchronize(device)
+        start = time.perf_counter()
+        call()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def time_interleaved(
     calls: dict[str, Callable[[], object]],
     device: torch.device,
@@ -54,20 +68,17 @@ def time_interleaved(
     `warmup` untimed calls, then its share of the timed ones. Rounds spread bursts of load from other processes
     over all calls; blocks keep each call's steady state, which alternating single calls would break (on the
     CPU, memory another model just freed must be faulted in again: 15% slower steps for the two-tower model).
-    `each_round` (optional) runs after every round.
+    A workload in a process of its own (`own_process.InOwnProcess`) times its blocks there. `each_round`
+    (optional) runs after every round.
     """
     seconds = {name: [] for name in calls}
     for round_idx in range(rounds):
-        timed_calls = repeats // rounds + (round_idx < repeats % rounds)
+        count = repeats // rounds + (round_idx < repeats % rounds)
         for name, call in calls.items():
-            for _ in range(warmup):
-                call()
-            for _ in range(timed_calls):
-                synchronize(device)
-                start = time.perf_counter()
-                call()
-                synchronize(device)
-                seconds[name].append(time.perf_counter() - start)
+            if hasattr(call, "time_block"):
+                seconds[name] += call.time_block(warmup, count)
+            else:
+                seconds[name] += time_calls(call, device, warmup, count)
         if each_round is not None:
             each_round()
     return {name: Timing(values) for name, values in seconds.items()}

@@ -75,7 +75,8 @@ def comparison_markdown(comparison: dict) -> str:
         f"{comparison['decode_batch']} sequences x {comparison['new_tokens']} new tokens after a "
         f"{comparison['prompt_len']}-token prompt. Each figure is the median of {comparison['repeats']} calls "
         f"timed in {comparison['rounds']} round(s) over the models, each model's block of calls after "
-        f"{comparison['warmup']} untimed one(s).",
+        f"{comparison['warmup']} untimed one(s)"
+        f"{'; each model trained in a process of its own' if comparison.get('own_processes') else ''}.",
         "",
         "| model | parameters | training GFLOP/token | train tokens/s | step | train peak memory | MFU "
         "| decode tokens/s | decode peak memory | scored tokens/s | scoring peak memory |",

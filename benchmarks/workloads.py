@@ -134,6 +134,10 @@ class TrainingStep:
     def measures_memory(self) -> bool:
         return self.setting.compile == "none" or self.device.type != "cpu"
 
+    def peak_memory(self) -> int:
+        """Peak bytes of one more step (`peak_memory_bytes`)."""
+        return peak_memory_bytes(self, self.device, self.live_tensors())
+
     def live_tensors(self) -> list[torch.Tensor]:
         """Weights, gradients and optimizer state: what exists before a step starts."""
         tensors = [*self.model.parameters(), *self.model.buffers(), self.input_ids]
@@ -159,6 +163,10 @@ class _InferenceCall:
 
     def live_tensors(self) -> list[torch.Tensor]:
         return [*self.model.parameters(), *self.model.buffers(), self.input_ids]
+
+    def peak_memory(self) -> int:
+        """Peak bytes of one more call (`peak_memory_bytes`)."""
+        return peak_memory_bytes(self, self.device, self.live_tensors())
 
 
 class Decoding(_InferenceCall):
@@ -201,9 +209,7 @@ def measure(
     timings = time_interleaved(workloads, device, warmup, repeats, rounds, each_round)
     measurements = {}
     for name, workload in workloads.items():
-        memory = None
-        if workload.measures_memory:
-            memory = peak_memory_bytes(workload, device, workload.live_tensors())
+        memory = workload.peak_memory() if workload.measures_memory else None
         median_s = timings[name].median_s
         measurements[name] = Measurement(workload.tokens / median_s, median_s, memory)
     return measurements

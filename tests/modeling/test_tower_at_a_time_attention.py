@@ -122,12 +122,42 @@ def test_runs_a_tower_at_a_time_exactly_where_it_is_the_single_calls_bits(change
     assert taken == (change == {})
 
 
-def test_compiled_code_keeps_the_single_call(monkeypatch):
-    model = tiny_two_tower(attention_dropout=0.1).train()
-    attention = model.model.towers.layers[0].self_attn
-    query = torch.zeros(TOWERS, BATCH, 5, model.config.hidden_size)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not attention._runs_a_tower_at_a_time(query, None, None, "sdpa")
+def compiled_training_step(model, input_ids, backend):
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()  # a fresh trace: a graph cached by another test would skip the capture
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(2)
+    compiled = torch.compile(model, backend=capture if backend == "capture" else backend, fullgraph=True)
+    loss = compiled(input_ids=input_ids, labels=input_ids).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad for name, p in model.named_parameters()}, graphs
+
+
+def test_compiled_training_traces_it_in_one_graph():
+    # compiled, the path is traced like any code: one graph, a softmax per tower and layer, no SDPA call
+    model = tiny_two_tower(attention_dropout=0.1, num_hidden_layers=2).train()
+    input_ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    _, _, graphs = compiled_training_step(model, input_ids, "capture")
+    targets = [str(node.target) for node in graphs[0].graph.nodes]
+    assert len(graphs) == 1 and not any("scaled_dot_product_attention" in target for target in targets)
+    assert sum("softmax" in target for target in targets) == model.config.num_towers * 2
+
+
+def test_a_compiled_training_step_is_the_eager_ones(monkeypatch):
+    # AOT autograd traces forward and backward as inductor gets them; run op by op, they are the eager step's
+    model = tiny_two_tower(attention_dropout=0.3, hidden_dropout=0.1).train()
+    input_ids = torch.randint(0, model.config.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
+    loss, grads, _ = compiled_training_step(model, input_ids, "aot_eager")
+    expected_loss, expected_grads, calls = training_step(model, input_ids, True, monkeypatch)
+    assert len(calls) == model.config.num_hidden_layers
+    assert torch.equal(loss, expected_loss)
+    for name, grad in grads.items():  # the same masks and the same ops: the same bits
+        assert (grad is None and expected_grads[name] is None) or torch.equal(grad, expected_grads[name]), name
 
 
 def test_every_layer_and_tower_count_runs_it(monkeypatch):

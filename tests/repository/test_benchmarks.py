@@ -1,5 +1,7 @@
 """benchmarks/: the baselines, FLOP counts, memory measurement, settings search, report, and the command itself."""
 
+import os
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +22,7 @@ from benchmarks import (
     profile_step,
     project_scale,
     settings_search,
+    workloads,
 )
 from benchmarks.baselines import (
     GPT2_EQUAL_FLOPS,
@@ -34,6 +37,7 @@ from benchmarks.baselines import (
     training_flops_per_token,
 )
 from benchmarks.measure import PeakFlops, PeakTensorMemory, time_interleaved
+from benchmarks.own_process import InOwnProcess
 from benchmarks.report import comparison_markdown, update_document
 from benchmarks.settings_search import (
     SearchRow,
@@ -241,6 +245,37 @@ def test_timing_runs_blocks_of_calls_in_rounds():
     assert [len(timings[name].seconds) for name in calls] == [3, 3]
 
 
+TINY_BENCHMARK = dict(vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24,
+                      seq_len=12)
+
+
+def tiny_training_step_build(name):
+    config = bench_speed.size_config("tiny", bench_speed.BenchmarkArguments(**TINY_BENCHMARK))
+    input_ids = workloads.random_ids(config.vocab_size, 2, 12, torch.device("cpu"))
+    return partial(bench_speed.training_step, name, config, Setting(), torch.device("cpu"), input_ids)
+
+
+def test_a_training_step_in_its_own_process_is_timed_there_and_holds_the_same_memory():
+    build = tiny_training_step_build(TWO_TOWER)
+    with InOwnProcess(build, num_threads=1) as worker:
+        assert worker.pid != os.getpid() and worker.tokens == 2 * 12 and worker.measures_memory
+        seconds = worker.time_block(warmup=1, count=2)
+        timings = time_interleaved({"worker": worker}, torch.device("cpu"), warmup=0, repeats=3, rounds=3)
+        peak = worker.peak_memory()
+    assert len(seconds) == 2 and len(timings["worker"].seconds) == 3 and min(seconds + timings["worker"].seconds) > 0
+    with pytest.raises(ProcessLookupError):  # closed: the process has ended
+        os.kill(worker.pid, 0)
+    here = build()
+    for _ in range(6):  # the worker's calls: the weights, gradients and optimizer state are the same
+        here()
+    assert peak == here.peak_memory() > 0
+
+
+def test_a_worker_process_that_fails_says_why():
+    with pytest.raises(RuntimeError, match="Unknown model 'no-such-model'"):
+        InOwnProcess(tiny_training_step_build("no-such-model"), num_threads=1)
+
+
 # ---------------------------------------------------------------- settings search
 
 
@@ -337,6 +372,7 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
     results = bench_speed.main(argv)
 
     comparison = results["sizes"]["tiny"]["comparison"]
+    assert comparison["own_processes"]  # on the CPU by default
     models = comparison["models"]
     assert models[REFERENCE]["decode"] is None and models[GPT2_SAME_LOSS]["decode"] is None
     for name in MODEL_NAMES:
@@ -352,7 +388,7 @@ def test_benchmark_command_runs_on_a_tiny_config(tmp_path, capsys):
 
     text = output.read_text()
     for expected in ("| two-tower |", "| gpt2-equal-flops |", "| gpt2-same-loss |", "| reference |",
-                     "distributed_type: 'NO'"):
+                     "distributed_type: 'NO'", "each model trained in a process of its own."):
         assert expected in text
     # the printed launch builds the benchmarked model from the recipe's
     model_options = "--hidden_size 16 --num_hidden_layers 1 --num_attention_heads 2 --intermediate_size 24"
@@ -392,8 +428,9 @@ def test_the_state_space_towers_get_their_row_eager_without_decoding(capsys):
     argv = ["--sizes", "tiny", "--vocab_size", "97", "--hidden_size", "16", "--num_hidden_layers", "1"]
     argv += ["--num_attention_heads", "2", "--intermediate_size", "24", "--seq_len", "12", "--micro_batch", "2"]
     argv += ["--new_tokens", "4", "--warmup", "0", "--repeats", "1", "--num_threads", "1", "--device", "cpu"]
-    argv += ["--compiled_twin", "none", "--ssm_row"]
+    argv += ["--compiled_twin", "none", "--ssm_row", "--own_processes", "false"]
     comparison = bench_speed.main(argv)["sizes"]["tiny"]["comparison"]
+    assert not comparison["own_processes"]
     ssm = comparison["models"][TWO_TOWER_SSM]
     assert ssm["train"]["tokens_per_s"] > 0 and ssm["score"]["tokens_per_s"] > 0 and ssm["decode"] is None
     assert ssm["parameters"] == num_parameters(build_model(TWO_TOWER_SSM, bench_speed.size_config(
