@@ -208,7 +208,6 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
         del steps
     # fresh models for inference: no checkpointing, compilation or optimizer state left over
     models = {name: build_model(name, config) for name in names}
-    models = {name: build_model(name, config) for name in names}
     release_memory(device)
     print("  scoring", flush=True)
     score = measure({name: Scoring(model, setting, input_ids) for name, model in models.items()}, **timing)

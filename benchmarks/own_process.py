@@ -72,22 +72,28 @@ class InOwnProcess:
         self.close()
 
     def _request(self, *message):
-        self._connection.send(message)
+        try:
+            self._connection.send(message)
+        except OSError:  # a broken pipe: the worker has died
+            self._raise_ended()
         return self._receive()
 
     def _receive(self):
         try:
             status, value = self._connection.recv()
-        except EOFError:
-            self._process.join()
-            raise RuntimeError(
-                f"The benchmark's worker process {self._process.pid} ended with exit code {self._process.exitcode} "
-                "(killed for memory? try a smaller --micro_batch)."
-            ) from None
+        except (EOFError, OSError):  # closed or reset: the worker has died
+            self._raise_ended()
         if status == "error":  # the worker has ended
             self._process.join()
             raise RuntimeError(f"The benchmark's worker process {self._process.pid} failed:\n{value}")
         return value
+
+    def _raise_ended(self):
+        self._process.join()
+        raise RuntimeError(
+            f"The benchmark's worker process {self._process.pid} ended with exit code {self._process.exitcode} "
+            "(killed for memory? try a smaller --micro_batch)."
+        ) from None
 
 
 def _serve(connection, build: Callable[[], object], num_threads: int) -> None:

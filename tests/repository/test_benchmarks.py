@@ -1,6 +1,7 @@
 """benchmarks/: the baselines, FLOP counts, memory measurement, settings search, report, and the command itself."""
 
 import os
+import signal
 from functools import partial
 from types import SimpleNamespace
 
@@ -271,9 +272,13 @@ def test_a_training_step_in_its_own_process_is_timed_there_and_holds_the_same_me
     assert peak == here.peak_memory() > 0
 
 
-def test_a_worker_process_that_fails_says_why():
+def test_a_worker_process_that_fails_or_dies_says_why():
     with pytest.raises(RuntimeError, match="Unknown model 'no-such-model'"):
         InOwnProcess(tiny_training_step_build("no-such-model"), num_threads=1)
+    with InOwnProcess(tiny_training_step_build(TWO_TOWER), num_threads=1) as worker:
+        os.kill(worker.pid, signal.SIGKILL)  # as the kernel kills a process out of memory
+        with pytest.raises(RuntimeError, match=f"exit code -{signal.SIGKILL.value} \\(killed for memory"):
+            worker.time_block(warmup=0, count=1)
 
 
 # ---------------------------------------------------------------- settings search
