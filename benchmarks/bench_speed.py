@@ -191,7 +191,10 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
     own_processes = device.type == "cpu" if args.own_processes is None else args.own_processes
     print(f"  training{', each model in a process of its own' if own_processes else ''}", flush=True)
     names = MODEL_NAMES + ((TWO_TOWER_SSM,) if args.ssm_row else ())
-    rows = {name: {"parameters": num_parameters(build_model(name, config))} for name in names}
+    # the models scoring and decoding use, on the CPU until then; training builds its own copies (each step's model
+    # is built where it runs), so no checkpointing, compilation or optimizer state reaches these
+    models = {name: build_model(name, config) for name in names}
+    rows = {name: {"parameters": num_parameters(model)} for name, model in models.items()}
     cpu_ids = input_ids.cpu()  # what a worker process receives; each step moves it to the device
     builds = {name: partial(training_step, name, config, setting, device, cpu_ids) for name in names}
     twin = compiled_twin_setting(setting, args)
@@ -206,8 +209,6 @@ def compare_models(config, device, setting, args, each_round=None) -> dict:
             steps = {name: build() for name, build in builds.items()}
         train = measure(steps, **timing)
         del steps
-    # fresh models for inference: no checkpointing, compilation or optimizer state left over
-    models = {name: build_model(name, config) for name in names}
     release_memory(device)
     print("  scoring", flush=True)
     score = measure({name: Scoring(model, setting, input_ids) for name, model in models.items()}, **timing)

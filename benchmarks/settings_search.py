@@ -14,7 +14,7 @@ from accelerate.commands.config.config_args import ClusterConfig
 from modeling_twotower import TwoTowerConfig
 
 from .baselines import TWO_TOWER, build_model
-from .measure import peak_memory_bytes, release_memory, synchronize
+from .measure import release_memory, synchronize
 from .workloads import Setting, TrainingStep, measure, random_ids, why_unsupported
 
 PRUNE_FACTOR = 3.0  # drop a setting whose step takes this many times the fastest one at the same micro-batch
@@ -86,7 +86,7 @@ def fits(config, setting, device, micro_batch, seq_len, memory_budget_bytes) -> 
     try:
         synchronize(device)
         start = time.perf_counter()
-        peak = peak_memory_bytes(step, device, step.live_tensors())
+        peak = step.peak_memory()
         seconds = time.perf_counter() - start
     except torch.OutOfMemoryError:
         return False, math.inf

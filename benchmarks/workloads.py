@@ -106,7 +106,15 @@ def training_loss_kwargs(model: nn.Module) -> dict:
     return {"skip_logits": True} if "skip_logits" in inspect.signature(model.forward).parameters else {}
 
 
-class TrainingStep:
+class _Workload:
+    """A timed call that knows the tensors it needs (`live_tensors`) and the device it runs on."""
+
+    def peak_memory(self) -> int:
+        """Peak bytes of one more call (`peak_memory_bytes`)."""
+        return peak_memory_bytes(self, self.device, self.live_tensors())
+
+
+class TrainingStep(_Workload):
     """One optimizer step on a fixed micro-batch: forward, backward, clipping, AdamW, as a training loop does."""
 
     def __init__(self, model: nn.Module, setting: Setting, device: torch.device, input_ids: torch.LongTensor):
@@ -134,10 +142,6 @@ class TrainingStep:
     def measures_memory(self) -> bool:
         return self.setting.compile == "none" or self.device.type != "cpu"
 
-    def peak_memory(self) -> int:
-        """Peak bytes of one more step (`peak_memory_bytes`)."""
-        return peak_memory_bytes(self, self.device, self.live_tensors())
-
     def live_tensors(self) -> list[torch.Tensor]:
         """Weights, gradients and optimizer state: what exists before a step starts."""
         tensors = [*self.model.parameters(), *self.model.buffers(), self.input_ids]
@@ -145,7 +149,7 @@ class TrainingStep:
         return [t for t in tensors if isinstance(t, torch.Tensor)]
 
 
-class _InferenceCall:
+class _InferenceCall(_Workload):
     """A no-grad call of an eval-mode model under `setting` (decoding and scoring run uncompiled)."""
 
     measures_memory = True
@@ -163,10 +167,6 @@ class _InferenceCall:
 
     def live_tensors(self) -> list[torch.Tensor]:
         return [*self.model.parameters(), *self.model.buffers(), self.input_ids]
-
-    def peak_memory(self) -> int:
-        """Peak bytes of one more call (`peak_memory_bytes`)."""
-        return peak_memory_bytes(self, self.device, self.live_tensors())
 
 
 class Decoding(_InferenceCall):
