@@ -14,7 +14,11 @@ What a study keeps of a point (`write_kept_type_sums`, read back by `read_type_s
 - the rows of the token types seen at least `min_count` times over the whole text, the only types that any per-type
   statistic reads (they are the eligible ones; the cross-fitted correlations need min_count in each half);
 - the sums as float32: 6e-8 relative, which moves a cross-fitted r by at most 2e-7 and a per-type preference by
-  about 1e-6 nats (the documents print 3 decimals); counts and ids as integers;
+  about 1e-6 nats (the documents print 3 decimals); counts and ids as integers. The figures that read a variance move
+  more, since a variance is a difference of sums: the occurrence-level one (a sum of squares less a squared sum
+  over the count; a p-value of 0.331 by 1e-4 relative in a test's small model) and, where replicas nearly agree,
+  the replica-level one (a micro study's 2 runs: its p-values by up to 4e-3 relative; the study's runs: within
+  1e-5);
 - in the Parquet file's metadata (key METADATA_KEY): that min_count, and every sum column's total per half over all
   predictions, rare types included, in float64 (centered preferences are taken relative to each probe's mean over
   all predictions);
