@@ -34,6 +34,7 @@ KEPT_TOLERANCE = 1e-5  # float32 sums: log-probs within 1e-6 nats
 # the figures that read a variance, which float32 sums move by more than the sums' own rounding (type_sums.py)
 VARIANCE_COLUMNS = ("standard_error", "p_value", "significant", "occurrence_", "ablation_p_value",
                     "ablation_significant")
+ZERO_SPREAD_P_VALUE = 1e-6  # the p-values of a type with no spread: see assert_tables_close
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +54,6 @@ def cross_fitted(scored, tmp_path_factory):
     written = score.score_model(folder / "model", folder / "report", validation_file=str(texts), block_size=BLOCK_SIZE,
                                 batch_size=5, min_count=MIN_COUNT, center=True, disable_tqdm=True, cpu=True)
     return {"folder": folder, "report_dir": folder / "report", "report": written, "tokenizer": scored["tokenizer"]}
-
-
-ZERO_SPREAD_P_VALUE = 1e-6
 
 
 def table_from_float32_sums(sums, written_report, tokens_of):
