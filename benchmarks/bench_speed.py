@@ -67,8 +67,10 @@ CPU_MICRO_BATCH, ACCELERATOR_MICRO_BATCH = 8, 64  # the comparison's default mic
 CPU_MAX_MICRO_BATCH, CPU_QUICK_MAX_MICRO_BATCH, ACCELERATOR_MAX_MICRO_BATCH = 32, 8, 1024  # search caps
 # Architecture fields the training takes as options; the vocabulary comes from the tokenizer.
 ARCHITECTURE_OPTIONS = (
-    "num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "embedding_size"
+    "layout", "num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "embedding_size",
 )
+TRANSFORMER_LAYOUTS = ("bert", "gpt")  # the layouts of transformer towers, which the baselines are built beside
 COMPILED = "(compiled)"  # the name suffix of a model's compiled twin in the training measurement
 CPU_MEMORY_BUDGET_FRACTION = 0.75  # of the RAM: what a CPU micro-batch may use (accelerators stop at out-of-memory)
 
@@ -83,8 +85,10 @@ class BenchmarkArguments:
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
     num_towers: int | None = None
-    tower_wide_embedding: bool = False  # embedding_size = hidden_size: the reference code's GPT layout, whose FLOPs
-    # per token are about GPT-2's (the default, num_towers * hidden_size, is the paper's)
+    layout: str | None = None  # the two-tower model's layout: bert | gpt; None = the size's preset's. gpt (the
+    # reference code's GPT variant, which `reference` runs too) feeds the h-wide embedding to every tower unprojected
+    tower_wide_embedding: bool = False  # embedding_size = hidden_size, the bert layout keeping its embedding norm and
+    # per-tower projections (the default, num_towers * hidden_size, is the paper's)
     seq_len: int | None = None  # tokens per sequence; None = the model's max_position_embeddings (128, the recipes')
     micro_batch: int | None = None  # sequences per training step and scoring call; None = 8 on CPU, 64 on GPUs
     new_tokens: int | None = None  # tokens generated per sequence; None = seq_len // 2, the prompt being the rest
@@ -131,6 +135,10 @@ class BenchmarkArguments:
         unknown = sorted(set(self.sizes) - set(SIZES))
         if unknown:
             raise ValueError(f"Unknown sizes {unknown}; choose from {list(SIZES)}.")
+        if self.layout not in (None, *TRANSFORMER_LAYOUTS):
+            raise ValueError(
+                f"--layout {self.layout!r} is not a layout of transformer towers; choose one of {TRANSFORMER_LAYOUTS}."
+            )
         for name in ("seq_len", "micro_batch", "new_tokens", "max_micro_batch", "global_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(self, name)}.")
@@ -165,7 +173,7 @@ def resolve_device(name: str) -> torch.device:
 def size_config(size: str, args: BenchmarkArguments) -> TwoTowerConfig:
     preset, overrides = SIZES[size]
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-    given = {name: getattr(args, name) for name in (*fields, "num_towers") if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in (*fields, "num_towers", "layout") if getattr(args, name) is not None}
     if args.seq_len is not None:
         given["max_position_embeddings"] = args.seq_len
     config = TwoTowerConfig.from_preset(preset, **{**overrides, **given})
@@ -378,9 +386,11 @@ def run_benchmarks(args: BenchmarkArguments) -> dict:
             body += ["", search_markdown(result["search"], device)]
         print("\n" + "\n".join(body) + "\n", flush=True)
         if args.output:
-            layout = ", tower-wide embedding" if args.tower_wide_embedding else ""
-            title = f"{info['accelerator'] or 'CPU'}, size `{size}`{layout}"
-            key = f"{machine_key}:{size}" + (":tower-wide-embedding" if args.tower_wide_embedding else "")
+            variants = ([f"{args.layout} layout"] if args.layout else []) + (
+                ["tower-wide embedding"] if args.tower_wide_embedding else []
+            )
+            title = ", ".join([f"{info['accelerator'] or 'CPU'}, size `{size}`", *variants])
+            key = ":".join([machine_key, size, *(variant.replace(" ", "-") for variant in variants)])
             update_document(args.output, key, title, "\n".join(body))
         results["sizes"][size] = result
     results.update(peak_flops=peak.value, peak_source=peak.source)

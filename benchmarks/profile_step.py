@@ -49,7 +49,8 @@ class ProfileArguments:
     intermediate_size: int = 512
     vocab_size: int = 8192
     micro_batch: int = 16
-    tower_wide_embedding: bool = True  # the GPT layout: FLOPs per token equal GPT-2's
+    layout: str | None = None  # bert | gpt (the reference code's GPT variant); None = the size's preset's (bert)
+    tower_wide_embedding: bool = True  # embedding_size = hidden_size: FLOPs per token within 3% of GPT-2's
     steps: int = 5  # profiled steps of each model, alternating, after `warmup` untimed ones
     warmup: int = 2
     modes: list[str] = field(default_factory=lambda: ["none", "full"])  # compile modes: none | full | regional
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> str:
     torch._inductor.config.cpp.enable_kernel_profile = True  # compiled kernels by name in the profile
     bench_args = BenchmarkArguments(
         sizes=[args.size], hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-        vocab_size=args.vocab_size, tower_wide_embedding=args.tower_wide_embedding,
+        vocab_size=args.vocab_size, layout=args.layout, tower_wide_embedding=args.tower_wide_embedding,
     )
     config = size_config(args.size, bench_args)
     columns = {}

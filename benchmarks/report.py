@@ -61,9 +61,9 @@ def machine_line(info: dict, peak_flops: float, peak_source: str) -> str:
 
 def config_line(config, seq_len: int) -> str:
     return (
-        f"{config.num_towers} towers x {config.num_hidden_layers} layers, width {config.hidden_size}, "
-        f"{config.num_attention_heads} heads, MLP {config.intermediate_size}, vocabulary {config.vocab_size}, "
-        f"embedding and tied decoder {config.embedding_size} wide, sequence {seq_len}"
+        f"{config.num_towers} towers x {config.num_hidden_layers} layers ({config.layout} layout), width "
+        f"{config.hidden_size}, {config.num_attention_heads} heads, MLP {config.intermediate_size}, vocabulary "
+        f"{config.vocab_size}, embedding and tied decoder {config.embedding_size} wide, sequence {seq_len}"
     )
 
 

@@ -10,7 +10,9 @@ import torch
 from modeling_twotower.batched_layers import BatchedLayerNorm, TwoTowerBatchedLayerNorm, _batched_layer_norm
 
 EPS = 1e-5
-SHAPES = [(2, 5, 7, 16), (3, 11, 16), (2, 16)]  # [towers, batch, seq, hidden], [towers, tokens, hidden], [towers, hidden]
+# [towers, batch, seq, hidden], [towers, tokens, hidden], [towers, hidden]; widths that fill the CPU's vectors and
+# widths that leave a remainder
+SHAPES = [(2, 5, 7, 16), (3, 11, 16), (2, 16), (2, 3, 9, 128), (2, 4, 33, 100), (3, 6, 48)]
 CASES = [  # (input dtype, parameter dtype, autocast): autocast casts the LayerNorm to float32, not the bfloat16 input
     (torch.float32, torch.float32, False),
     (torch.float64, torch.float64, False),

@@ -481,6 +481,26 @@ def test_tower_wide_embedding_brings_the_flops_to_about_gpt2s(size, width):
     assert 1.0 < training_flops_per_token(TWO_TOWER, narrow, 128) / gpt2 < 1.05
 
 
+@pytest.mark.parametrize("size", ["tiny", "small", "base"])
+def test_the_gpt_layout_is_the_reference_codes_at_gpt2s_flops(size):
+    gpt = bench_speed.size_config(size, bench_speed.BenchmarkArguments(sizes=[size], layout="gpt"))
+    wide = bench_speed.size_config(size, bench_speed.BenchmarkArguments(sizes=[size], tower_wide_embedding=True))
+    assert (gpt.layout, wide.layout, gpt.embedding_size) == ("gpt", "bert", gpt.hidden_size)
+    assert training_flops_per_token(REFERENCE, gpt, 128) == training_flops_per_token(TWO_TOWER, gpt, 128)
+    # no embedding norm and no per-tower projections: only the fusion layer above GPT-2's FLOPs
+    gpt2 = training_flops_per_token(GPT2_EQUAL_FLOPS, gpt, 128)
+    assert gpt2 < training_flops_per_token(TWO_TOWER, gpt, 128) < training_flops_per_token(TWO_TOWER, wide, 128)
+    # the printed launch trains the benchmarked layout
+    assert bench_speed.recipe_budget(size, gpt, bench_speed.BenchmarkArguments())["model_arguments"][:2] == [
+        "--layout", "gpt"
+    ]
+
+
+def test_a_layout_without_transformer_towers_is_refused_before_any_work():
+    with pytest.raises(ValueError, match="--layout 'elmo' is not a layout of transformer towers; choose one of"):
+        bench_speed.BenchmarkArguments(layout="elmo")
+
+
 def test_neighbour_count_losses_match_hand_counted_witten_bell():
     # training text 0 1 2 0 1 3 (add-one unigram over 5 types: 3, 3, 2, 2, 1 / 11); one block 0 [MASK] 2 whose
     # tokens 1 (hidden) and 2 (shown unchanged) are targets; the second's neighbours are [MASK] and the block's edge
