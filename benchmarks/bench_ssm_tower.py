@@ -53,7 +53,10 @@ def scan_inputs(batch_size: int, seq_len: int) -> list[torch.Tensor]:
 
 
 def scan_call(inputs, chunk: int):
-    return lambda: SelectiveScan.apply(*inputs, chunk).sum().backward()
+    # backward from a dense gradient, as the mixer hands the scan one: `.sum()`'s is one value broadcast (stride 0),
+    # over which the gradients' matrix products take another, slower path
+    output_grad = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(2))
+    return lambda: SelectiveScan.apply(*inputs, chunk).backward(output_grad)
 
 
 def mixer_seconds(mixers, inputs, together: bool) -> float:

@@ -106,8 +106,10 @@ class SelectiveScan(torch.autograd.Function):
     channels_t * B_t (time_step, channels [batch, seq, channels]; A [channels, N]; B, C [batch, seq, N]), by
     `chunked_scan_` both ways: backward is the same scan run from the end over the loss's gradients. Written by hand
     so that a call allocates one [batch, seq, channels, N] tensor forward and one backward (autograd over the scan
-    kept a dozen, and on the CPU each fresh one costs its page faults); every product over the states that is summed
-    at once (the readout and the gradients) goes through one buffer of a chunk's size, a chunk at a time.
+    kept a dozen, and on the CPU each fresh one costs its page faults). The readout and the gradients of B, C and the
+    channels are matrix products over each position's [channels, N] states, which read the states once and write no
+    product; the gradients that weigh each channel's states by A or by its time step go through one buffer of a
+    chunk's size, a chunk at a time.
     """
 
     @staticmethod
@@ -119,8 +121,7 @@ class SelectiveScan(torch.autograd.Function):
             states = chunked_scan_(time_step, A, inputs, chunk, work)
             ctx.save_for_backward(time_step, A, B, C, channels, states)
             ctx.chunk = chunk
-            pieces = _pieces(states.shape[1], chunk)
-            return torch.cat([_summed(states[:, p], C[:, p, None], work, -1) for p in pieces], dim=1)
+            return (states @ C[..., None]).squeeze(-1)
 
     @staticmethod
     def backward(ctx, output_grad):
@@ -131,20 +132,17 @@ class SelectiveScan(torch.autograd.Function):
         next_time_step = F.pad(time_step[:, 1:], (0, 0, 0, 1))
         readout_grad = output_grad[..., None] * C[:, :, None]
         state_grad = chunked_scan_(next_time_step, A, readout_grad, ctx.chunk, work, reverse=True)
-        grads = {"driven": [], "B": [], "C": [], "time_step": []}
-        A_grad = torch.zeros_like(A)
+        driven_grad = (state_grad @ B[..., None]).squeeze(-1)  # [batch, seq, channels]
+        B_grad = (driven[:, :, None] @ state_grad).squeeze(2)  # [batch, seq, N]
+        C_grad = (output_grad[:, :, None] @ states).squeeze(2)
+        time_step_grads, A_grad = [], torch.zeros_like(A)
         for p in _pieces(states.shape[1], ctx.chunk):
-            piece_grad, piece_driven, piece_B = state_grad[:, p], driven[:, p, :, None], B[:, p, None]
-            grads["driven"].append(_summed(piece_grad, piece_B, work, -1))
-            grads["B"].append(_summed(piece_grad, piece_driven, work, 2))
-            grads["C"].append(_summed(states[:, p], output_grad[:, p, :, None], work, 2))
             # d state_t / d (time_step_t * A) = exp(time_step_t * A) * state_{t-1} = state_t - inputs_t
-            inputs = torch.mul(piece_driven, piece_B, out=work[:, : p.stop - p.start])
-            log_decay_grad = piece_grad.mul_(torch.sub(states[:, p], inputs, out=inputs))
-            grads["time_step"].append(_summed(log_decay_grad, A, work, -1))
+            inputs = torch.mul(driven[:, p, :, None], B[:, p, None], out=work[:, : p.stop - p.start])
+            log_decay_grad = state_grad[:, p].mul_(torch.sub(states[:, p], inputs, out=inputs))
+            time_step_grads.append(_summed(log_decay_grad, A, work, -1))
             A_grad += _summed(log_decay_grad, time_step[:, p, :, None], work, (0, 1))
-        driven_grad, B_grad, C_grad, time_step_grad = (torch.cat(grad, dim=1) for grad in grads.values())
-        time_step_grad.addcmul_(driven_grad, channels)
+        time_step_grad = torch.cat(time_step_grads, dim=1).addcmul_(driven_grad, channels)
         return time_step_grad, A_grad, B_grad, C_grad, driven_grad * time_step, None
 
 
@@ -285,8 +283,8 @@ class TwoTowerSSMTowers(TowerStack):
                 [nn.Linear(2 * config.hidden_size, config.hidden_size) for _ in range(config.num_towers)]
             )
         self.tower_norm = TwoTowerBatchedLayerNorm(config.num_towers, config.hidden_size, config.layer_norm_eps)
-        # multiply-adds of the scan's readout per token and direction: state [channels, N] times C [N], every layer
-        self.readout_products = config.num_towers * config.num_hidden_layers * config.intermediate_size * SSM_STATE_SIZE
+        # multiply-adds per token of one contraction over all of a token's states (channels x N), every tower and layer
+        self.state_products = config.num_towers * config.num_hidden_layers * config.intermediate_size * SSM_STATE_SIZE
 
     def forward(self, hidden_states: torch.Tensor, output_hidden_states: bool = False, **attention_inputs):
         # of the attention inputs only the padding mask applies; no cache, no positions
@@ -306,9 +304,10 @@ class TwoTowerSSMTowers(TowerStack):
         return stack_output(self.tower_norm(torch.stack(outputs)), output_hidden_states)
 
     def extra_flops_per_token(self, block_size: int) -> int:
-        # the scan's readout is a contraction over N: 6 FLOPs per multiply-add for forward + backward, per direction
-        # (the scan's elementwise updates count as norms do: nothing)
-        return 6 * self.readout_products * (2 if self.bidirectional else 1)
+        # the scan's contractions over the states, 2 FLOPs per multiply-add, per direction: the readout forward, and
+        # backward the gradients of C, B, the channels and the time step (SelectiveScan); its elementwise updates
+        # count as norms do: nothing
+        return 2 * 5 * self.state_products * (2 if self.bidirectional else 1)
 
 
 __all__ = ["TwoTowerSSMTowers"]
