@@ -27,6 +27,7 @@ import torch
 from transformers import HfArgumentParser
 
 from modeling_twotower import TwoTowerConfig
+from modeling_twotower.towers import TOWER_KINDS
 from twotower.training.arguments import RECIPES_DIR, TwoTowerTrainingConfig, read_recipe
 
 from .baselines import (
@@ -70,7 +71,7 @@ ARCHITECTURE_OPTIONS = (
     "layout", "num_towers", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
     "embedding_size",
 )
-TRANSFORMER_LAYOUTS = ("bert", "gpt")  # the layouts of transformer towers, which the baselines are built beside
+TRANSFORMER_LAYOUTS = TOWER_KINDS["transformer"].layouts  # the baselines are transformers too
 COMPILED = "(compiled)"  # the name suffix of a model's compiled twin in the training measurement
 CPU_MEMORY_BUDGET_FRACTION = 0.75  # of the RAM: what a CPU micro-batch may use (accelerators stop at out-of-memory)
 
