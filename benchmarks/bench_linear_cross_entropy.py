@@ -9,7 +9,11 @@ with the loss), interleaved in rounds, and prints each one's milliseconds, their
 
 `--piece_rows` also times `linear_cross_entropy` at each given piece size, beside the rule's (`piece_rows`);
 `--torch_chunked` also times torch's own `F.linear_cross_entropy` with its chunking (`LinearCrossEntropyOptions()`);
-`--compiled` also times the logits' loss and `linear_cross_entropy` under `torch.compile`.
+`--compiled` also times the logits' loss and `linear_cross_entropy` under `torch.compile`. `--device cuda
+--precision bf16` times a GPU's shapes as its training runs them (bf16 autocast, float32 hidden states):
+
+    python -m benchmarks.bench_linear_cross_entropy --device cuda --precision bf16 --tokens 8192 --hidden_size 768 \
+        --vocab_size 50257 --piece_rows 512 1024 2048 4096 8192
 """
 
 import argparse
@@ -18,7 +22,9 @@ import torch
 from torch.nn import functional as F
 from transformers.loss.loss_utils import fixed_cross_entropy
 
+from benchmarks.bench_speed import resolve_device
 from benchmarks.measure import peak_memory_bytes, time_interleaved
+from benchmarks.workloads import PRECISIONS, Setting, precision_context, why_unsupported
 from modeling_twotower.linear_cross_entropy import LinearCrossEntropy, linear_cross_entropy, piece_rows
 
 
@@ -33,6 +39,9 @@ def parse_args(argv=None):
     parser.add_argument("--piece_rows", type=int, nargs="*", default=[], help="also time these piece sizes (rows)")
     parser.add_argument("--torch_chunked", action="store_true", help="also time torch's chunked F.linear_cross_entropy")
     parser.add_argument("--compiled", action="store_true", help="also time both losses under torch.compile")
+    parser.add_argument("--device", default="auto", help="auto (the accelerator if there is one) | cpu | cuda | ...")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                        help="fp32, or autocast to bf16 / fp16 over float32 inputs as mixed-precision training runs")
     return parser.parse_args(argv)
 
 
@@ -43,12 +52,16 @@ def logits_loss(hidden, weight, bias, targets):
 
 def run(args) -> dict:
     """{"with_logits", "without_logits"}: (ms per forward + backward, peak bytes), and "ratio" of their times."""
+    device, setting = resolve_device(args.device), Setting(precision=args.precision)
+    unsupported = why_unsupported(setting, device)
+    if unsupported:
+        raise ValueError(f"--precision {args.precision} cannot run on {device}: {unsupported}.")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(args.tokens, args.hidden_size, generator=generator, requires_grad=True)
-    decoder = torch.nn.Linear(args.hidden_size, args.vocab_size)
-    targets = torch.randint(0, args.vocab_size, (args.tokens,), generator=generator)
+    hidden = torch.randn(args.tokens, args.hidden_size, generator=generator).to(device).requires_grad_()
+    decoder = torch.nn.Linear(args.hidden_size, args.vocab_size, device=device)
+    targets = torch.randint(0, args.vocab_size, (args.tokens,), generator=generator).to(device)
     steps = {
         "with_logits": lambda: logits_loss(hidden, decoder.weight, decoder.bias, targets),
         "without_logits": lambda: linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets),
@@ -65,12 +78,17 @@ def run(args) -> dict:
         steps["torch_chunked"] = lambda: F.linear_cross_entropy(
             hidden, decoder.weight, targets, linear_bias=decoder.bias, options=torch.nn.LinearCrossEntropyOptions()
         )
-    calls = {name: (lambda loss=loss: loss().backward()) for name, loss in steps.items()}
-    timings = time_interleaved(calls, torch.device("cpu"), warmup=1, repeats=args.repeats, rounds=args.rounds)
+
+    def forward_and_backward(loss):
+        with precision_context(setting, device):
+            value = loss()
+        value.backward()
+
+    calls = {name: (lambda loss=loss: forward_and_backward(loss)) for name, loss in steps.items()}
+    timings = time_interleaved(calls, device, warmup=1, repeats=args.repeats, rounds=args.rounds)
     live = [hidden, hidden.grad, *decoder.parameters(), decoder.weight.grad, decoder.bias.grad, targets]  # after warm-up
     result = {
-        name: (1000 * timings[name].median_s, peak_memory_bytes(call, torch.device("cpu"), live))
-        for name, call in calls.items()
+        name: (1000 * timings[name].median_s, peak_memory_bytes(call, device, live)) for name, call in calls.items()
     }
     return result | {"ratio": result["with_logits"][0] / result["without_logits"][0]}
 
@@ -79,12 +97,14 @@ def main(argv=None):
     args = parse_args(argv)
     result = run(args)
     rule_rows = piece_rows(args.tokens, args.hidden_size, args.vocab_size)
+    device = resolve_device(args.device)
+    where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else str(device)
     print(f"decoder + cross-entropy, forward and backward: {args.tokens} positions, width {args.hidden_size}, "
-          f"vocabulary {args.vocab_size}, {torch.get_num_threads()} threads (without logits: pieces of {rule_rows} rows):")
+          f"vocabulary {args.vocab_size}, {args.precision}, {where} (without logits: pieces of {rule_rows} rows):")
     for name in [name for name in result if name != "ratio"]:
         ms, peak = result[name]
         print(f"  {name:24s} {ms:8.1f} ms   peak memory {peak / 2**20:6.1f} MiB (inputs, weights, gradients included)")
-    print(f"  without logits: {result['ratio']:.2f}x faster")
+    print(f"  without logits: {result['ratio']:.2f}x the logits' speed")
     return result
 
 

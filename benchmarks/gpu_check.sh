@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, about 10 minutes on one GPU: bf16 pretraining and probes of the tiny recipe (beside an fp32 run of the
 # same recipe, the reference for bf16), a few steps of the paper-sized `base` and `base_probe` recipes on a local
-# corpus, the speed benchmark at base and large (tokens/s, MFU, peak memory), and a 2-process run. Every step's log,
+# corpus, the speed benchmark at base and large (tokens/s, MFU, peak memory), the loss without logits against the
+# logits' loss at the GPU's shapes in pieces of each size (the piece rule's sweep), and a 2-process run. Every step's log,
 # steps.tsv (name, status, seconds) and summary.json / summary.txt (the pass/fail checks of docs/BENCHMARKS.md,
 # "GPU check") go to $OUT (default outputs/gpu_check). Any failing step stops the script with its log's tail.
 #
@@ -41,6 +42,10 @@ case "$device" in
     base_probe_args=("${base_args[@]}" --max_train_blocks 512)
     two_process_args=(--per_device_train_batch_size 8 --logging_steps 5)  # 2 x 8 = the recipe's 16 blocks a step
     bench_args=(--sizes base large --device cuda --precision bf16 --repeats 3 --rounds 1)
+    # tokens width vocabulary: the benchmark's 64 x 128 tokens at base's and large's heads and GPT-2's, and base's at
+    # 256 sequences a step
+    loss_shapes=("8192 768 30528" "8192 1024 30528" "8192 768 50257" "32768 768 30528")
+    loss_args=(--device cuda --precision bf16 --piece_rows 256 512 1024 2048 4096 8192 --repeats 6 --rounds 3)
     ;;
   cpu)
     device_args=(--cpu)
@@ -53,6 +58,8 @@ case "$device" in
     two_process_args=(--per_device_train_batch_size 8 "${tiny_args[@]}")
     bench_args=(--sizes tiny --vocab_size 128 --seq_len 32 --micro_batch 2 --device cpu --precision bf16 --repeats 1
                 --rounds 1 --num_threads 1)
+    loss_shapes=("256 16 512")
+    loss_args=(--device cpu --precision bf16 --piece_rows 64 256 --repeats 1 --rounds 1 --num_threads 1)
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
     ;;
   *) echo "GPU_CHECK_DEVICE must be cuda or cpu, got '$device'." >&2; exit 1 ;;
@@ -123,7 +130,23 @@ with open(sys.argv[1], "w") as handle:
     json.dump(results, handle, indent=1, default=lambda value: getattr(value, "__dict__", str(value)))
 ' "$out/bench_speed.json" "${bench_args[@]}" --output "$out/bench_speed.md"
 
-# 7. Two processes. NCCL refuses two ranks on one GPU, so with one GPU the 2-process run uses the CPU (gloo); with two
+# 7. The loss without logits against the logits' loss (docs/speed.md, the piece rule): each shape's columns in
+# loss_sweep.json.
+step loss_sweep "$py" -c '
+import json, sys
+from benchmarks.bench_linear_cross_entropy import main
+from modeling_twotower.linear_cross_entropy import piece_rows
+sweep = []
+for shape in sys.argv[2].split(","):
+    tokens, width, vocab = map(int, shape.split())
+    result = main(["--tokens", str(tokens), "--hidden_size", str(width), "--vocab_size", str(vocab), *sys.argv[3:]])
+    sweep.append({"tokens": tokens, "hidden_size": width, "vocab_size": vocab,
+                  "rule_rows": piece_rows(tokens, width, vocab), "ms_and_peak_bytes": result})
+with open(sys.argv[1], "w") as handle:
+    json.dump(sweep, handle, indent=1)
+' "$out/loss_sweep.json" "$(IFS=,; echo "${loss_shapes[*]}")" "${loss_args[@]}"
+
+# 8. Two processes. NCCL refuses two ranks on one GPU, so with one GPU the 2-process run uses the CPU (gloo); with two
 # or more, DDP on 2 GPUs (training/accelerate_configs/ddp.yaml). Same global batch as the 1-process tiny_bf16 run.
 gpus=0
 [[ "$device" == cuda ]] && gpus=$("$py" -c "import torch; print(torch.cuda.device_count())")
@@ -139,7 +162,7 @@ else
     --mixed_precision bf16 --output_dir "$out/two_process_cpu_bf16"
 fi
 
-# 8. The checks: every loss finite and falling, bf16 within tolerance of fp32, 2 processes like 1, benchmark figures.
+# 9. The checks: every loss finite and falling, bf16 within tolerance of fp32, 2 processes like 1, benchmark figures.
 "$py" - "$out" "$device" <<'PYTHON'
 import glob, json, math, sys
 from pathlib import Path
@@ -201,15 +224,26 @@ for size, result in bench["sizes"].items():
     check(f"bench {size}: two-tower training tokens/s and MFU positive", row["train"]["tokens_per_s"] > 0 and row["mfu"] > 0,
           f"{row['train']['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}")
 
+loss_sweep = []
+for shape in json.loads((out / "loss_sweep.json").read_text()):
+    ms = {name: timed[0] for name, timed in shape["ms_and_peak_bytes"].items() if name != "ratio"}
+    pieces = {name: value for name, value in ms.items() if name.endswith("_rows")}
+    fastest = min(pieces, key=pieces.get)
+    loss_sweep.append(f"{shape['tokens']} x {shape['hidden_size']}, vocabulary {shape['vocab_size']}: logits "
+                      f"{ms['with_logits']:.2f} ms, the rule's {shape['rule_rows']} rows {ms['without_logits']:.2f} ms "
+                      f"({ms['with_logits'] / ms['without_logits']:.2f}x the logits' speed), fastest "
+                      f"{fastest.removesuffix('_rows')} rows {pieces[fastest]:.2f} ms")
+
 steps = [dict(zip(("step", "status", "seconds"), line.split("\t"))) for line in (out / "steps.tsv").read_text().splitlines()]
 summary = {"device": device, "machine": bench["machine"], "steps": steps, "checks": checks, "benchmark": figures,
-           "losses": losses}
+           "loss_sweep": loss_sweep, "losses": losses}
 (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
 lines = [f"GPU check on {device}: {bench['machine']}", "", "steps:"]
 lines += [f"  {s['step']:<22} {s['status']:<12} {s['seconds']} s" for s in steps]
 lines += ["", "checks:"] + [f"  {'PASS' if c['passed'] else 'FAIL'}  {c['check']}: {c['detail']}" for c in checks]
 lines += ["", "benchmark (two-tower training):"]
 lines += [f"  {size}: {f['tokens_per_s']:,.0f} tokens/s, MFU {f['mfu']:.1%}" for size, f in figures.items()]
+lines += ["", "loss without logits against the logits' loss (forward and backward):"] + [f"  {line}" for line in loss_sweep]
 (out / "summary.txt").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 failed = [c["check"] for c in checks if not c["passed"]]

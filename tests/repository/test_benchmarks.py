@@ -575,4 +575,16 @@ def test_the_loss_without_logits_benchmark_times_both_and_holds_less_memory(caps
     assert with_ms > 0 and without_ms > 0 and result["ratio"] == pytest.approx(with_ms / without_ms)
     logits_bytes = 256 * 512 * 4
     assert with_peak - without_peak > logits_bytes  # the [tokens, vocab] logits (and their gradient) never exist
-    assert "faster" in capsys.readouterr().out
+    assert f"{result['ratio']:.2f}x the logits' speed" in capsys.readouterr().out
+
+
+def test_the_loss_benchmark_times_a_mixed_precision_step_and_refuses_what_the_device_cannot_run(capsys):
+    result = bench_linear_cross_entropy.main(["--tokens", "64", "--hidden_size", "16", "--vocab_size", "512",
+                                              "--repeats", "1", "--rounds", "1", "--precision", "bf16",
+                                              "--device", "cpu"])  # fmt: skip
+    (with_ms, with_peak), (without_ms, without_peak) = result["with_logits"], result["without_logits"]
+    assert with_ms > 0 and without_ms > 0
+    assert with_peak > without_peak + 64 * 512 * 2  # the bf16 logits and their float32 upcast exist only with logits
+    assert "bf16, " in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--precision fp16 cannot run on cpu"):
+        bench_linear_cross_entropy.main(["--precision", "fp16", "--device", "cpu"])
