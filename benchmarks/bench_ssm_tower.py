@@ -3,7 +3,7 @@ Training tokens/s of the state-space towers (`tower_type="ssm"`) next to the tra
 (the tiny and tiny_ssm recipes' models), each model in a process of its own (as the training command runs it) and
 timed in rounds over both so that both see the same machine load;
 the selective scan alone (forward and backward at the ssm model's mixer shapes) in chunks of each length asked for
-against one chunk, the sequential scan (one position per step); and what batching the towers could gain: the two
+(`scan_chunk`'s own marked) against one chunk, the sequential scan (one position per step); and what batching the towers could gain: the two
 towers' mixers run one after the other, against one mixer on both towers' batches at once (shared weights: the most
 a batched kernel could save).
 
@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from modeling_twotower import TwoTowerConfig, TwoTowerForCausalLM
-from modeling_twotower.towers_ssm import SCAN_CHUNK, SSM_STATE_SIZE, SelectiveScan
+from modeling_twotower.towers_ssm import SSM_STATE_SIZE, SelectiveScan, scan_chunk
 
 from .measure import time_interleaved
 from .own_process import InOwnProcess
@@ -108,6 +108,7 @@ def compare_chunks(args) -> dict:
         for chunk, timing in timings.items():
             speedups[seq_len, chunk] = sequential_s / timing.median_s
             name = "one chunk (sequential)" if chunk == seq_len else f"chunks of {chunk}"
+            name += " (the rule's)" if chunk == scan_chunk(seq_len) else ""
             print(f"scan of {seq_len} positions, {name}: {timing.median_s * 1e3:.1f} ms, "
                   f"{speedups[seq_len, chunk]:.2f}x the sequential scan")
     return speedups
@@ -120,7 +121,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--block_size", type=int, default=128)
     parser.add_argument("--num_threads", type=int, default=1)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[16, SCAN_CHUNK, 64], help="scan chunk lengths")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[8, 16, 32, 64], help="scan chunk lengths")
     parser.add_argument("--scan_lengths", type=int, nargs="+", default=[128, 512, 1024], help="positions scanned")
     args = parser.parse_args(argv)
     if min(args.chunks + args.scan_lengths) < 1 or not args.repeats >= args.rounds >= 1:

@@ -44,11 +44,16 @@ def mamba_config(config: TwoTowerConfig) -> MambaConfig:
     return mamba
 
 
-# Positions a chunk holds. The scan runs every chunk at once, one position of each per step, then carries the state
-# from chunk to chunk, a whole chunk at a time: `SCAN_CHUNK + positions / SCAN_CHUNK` steps instead of one per
-# position. On the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md) chunks of 32 ran the scan 1.2-1.7x faster than
-# one chunk from 512 positions on, and as fast at the recipes' 128.
-SCAN_CHUNK = 32
+def scan_chunk(seq_len: int) -> int:
+    """
+    Positions a chunk of the scan holds: the power of two with the fewest sequential steps, `chunk + ceil(seq_len /
+    chunk)`, the larger on a tie. The scan runs every chunk at once, one position of each per step, then carries the
+    state from chunk to chunk, a whole chunk at a time, and on the CPU each step costs about the same whatever its
+    size. Timed on the CPU (benchmarks/bench_ssm_tower.py, docs/speed.md), the scan was fastest, or within the spread
+    of the fastest, in the rule's chunks at 64, 128, 256 and 512 positions: 8, 16, 16 and 32.
+    """
+    chunks = (2**power for power in range(max(1, seq_len).bit_length()))
+    return min(chunks, key=lambda chunk: (chunk + -(-seq_len // chunk), -chunk))
 
 
 def _in_chunks(tensor: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -104,7 +109,8 @@ class SelectiveScan(torch.autograd.Function):
     """
     Mamba's selective scan, y_t = state_t @ C_t with state_t = exp(time_step_t * A) * state_{t-1} + time_step_t *
     channels_t * B_t (time_step, channels [batch, seq, channels]; A [channels, N]; B, C [batch, seq, N]), by
-    `chunked_scan_` both ways: backward is the same scan run from the end over the loss's gradients. Written by hand
+    `chunked_scan_` both ways, in chunks of `scan_chunk(seq)` positions unless `chunk` is given: backward is the same
+    scan run from the end over the loss's gradients. Written by hand
     so that a call allocates one [batch, seq, channels, N] tensor forward and one backward (autograd over the scan
     kept a dozen, and on the CPU each fresh one costs its page faults). The readout and the gradients of B, C and the
     channels are matrix products over each position's [channels, N] states, which read the states once and write no
@@ -113,8 +119,9 @@ class SelectiveScan(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, time_step, A, B, C, channels, chunk=SCAN_CHUNK):
+    def forward(ctx, time_step, A, B, C, channels, chunk=None):
         # in the inputs' dtype under autocast too: backward, which runs outside autocast, meets the same dtypes
+        chunk = chunk or scan_chunk(time_step.shape[1])
         with torch.autocast(time_step.device.type, enabled=False):
             inputs = (time_step * channels)[..., None] * B[:, :, None]
             work = inputs.new_empty((inputs.shape[0], chunk) + inputs.shape[2:])
@@ -150,8 +157,10 @@ def _summed(states: torch.Tensor, factor: torch.Tensor, work: torch.Tensor, dim)
     """(states * factor).sum(dim), the product in `work` (a chunk of positions); states [batch, positions <= chunk,
     channels, N]."""
     product = torch.mul(states, factor, out=work[:, : states.shape[1]])
-    if dim == -1:  # over the N states of a channel as a matrix-vector product: sum(-1) took twice its time on the CPU
-        return product @ product.new_ones(product.shape[-1])
+    if dim == -1:  # over the N states of a channel as a product with a column of ones: sum(-1) took twice its time on
+        # the CPU; a column, not a vector, keeps it a matmul (torch's FLOP counter has no formula for `mv`, which a
+        # vector takes wherever the product is contiguous)
+        return (product @ product.new_ones(product.shape[-1], 1)).squeeze(-1)
     return product.sum(dim)
 
 

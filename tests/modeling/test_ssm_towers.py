@@ -8,11 +8,11 @@ from transformers.models.mamba.modeling_mamba import MambaMixer
 
 from modeling_twotower import TwoTowerConfig
 from modeling_twotower.towers_ssm import (
-    SCAN_CHUNK,
     SelectiveScan,
     TwoTowerMambaMixer,
     causal_depthwise_conv,
     mamba_config,
+    scan_chunk,
 )
 
 TOLERANCES = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
@@ -56,7 +56,7 @@ def outputs_and_grads(scan, inputs, output_weights):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("seq_len", [1, 7, 32, 45, 128])
-@pytest.mark.parametrize("chunk", [1, 4, SCAN_CHUNK])
+@pytest.mark.parametrize("chunk", [1, 4, 32, None])  # None: the rule's, `scan_chunk(seq_len)`
 def test_the_chunked_scan_equals_the_sequential_one_with_gradients(dtype, seq_len, chunk):
     inputs = mixer_like_inputs(seq_len, dtype)
     output_weights = torch.randn(3, seq_len, 5, generator=torch.Generator().manual_seed(1), dtype=dtype)
@@ -66,12 +66,37 @@ def test_the_chunked_scan_equals_the_sequential_one_with_gradients(dtype, seq_le
         torch.testing.assert_close(ours, reference, **TOLERANCES[dtype], msg=lambda message: f"{name}: {message}")
 
 
+def test_the_scan_chunk_takes_the_fewest_sequential_steps():
+    def steps(seq_len, chunk):
+        return chunk + -(-seq_len // chunk)
+
+    for seq_len in range(1, 4097):
+        chunk = scan_chunk(seq_len)
+        assert chunk & (chunk - 1) == 0 and chunk <= seq_len
+        powers = [2**power for power in range(13) if 2**power <= seq_len]
+        assert steps(seq_len, chunk) == min(steps(seq_len, power) for power in powers)
+        # and within 7% of the fewest over any chunk length (2 sqrt(seq_len) at best, 2.12 sqrt among powers of 2)
+        assert steps(seq_len, chunk) <= 1.07 * min(steps(seq_len, any_chunk) for any_chunk in range(1, seq_len + 1)) + 1
+    # the lengths the benchmark timed, where these chunks were the fastest or within the spread (docs/speed.md)
+    assert [scan_chunk(seq_len) for seq_len in (64, 128, 256, 512)] == [8, 16, 16, 32]
+
+
+def test_the_scan_without_a_chunk_runs_in_the_rules_chunks():
+    inputs = mixer_like_inputs(45, torch.float32)
+    output_weights = torch.randn(3, 45, 5, generator=torch.Generator().manual_seed(1))
+    ruled = outputs_and_grads(SelectiveScan.apply, inputs, output_weights)
+    explicit = outputs_and_grads(lambda *x: SelectiveScan.apply(*x, scan_chunk(45)), inputs, output_weights)
+    other = outputs_and_grads(lambda *x: SelectiveScan.apply(*x, 4), inputs, output_weights)
+    assert all(torch.equal(a, b) for a, b in zip(ruled, explicit))
+    assert not all(torch.equal(a, b) for a, b in zip(ruled, other))  # the chunking shows in the rounding
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_chunked_scan_stays_finite_where_cumulative_decays_underflow(dtype):
     # time steps summing to ~1000 over a chunk: exp(A * 1000) underflows even in float64, which dividing by
     # cumulative decay products would turn into inf or nan; the sequential scan's decays are each representable
-    inputs = mixer_like_inputs(4 * SCAN_CHUNK + 3, dtype, time_step_scale=200.0)
-    output_weights = torch.randn(3, 4 * SCAN_CHUNK + 3, 5, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    inputs = mixer_like_inputs(4 * 32 + 3, dtype, time_step_scale=200.0)  # chunks of 16: ~1000 over each
+    output_weights = torch.randn(3, 4 * 32 + 3, 5, generator=torch.Generator().manual_seed(1), dtype=dtype)
     chunked = outputs_and_grads(SelectiveScan.apply, inputs, output_weights)
     assert all(torch.isfinite(value).all() for value in chunked)
     # float32: A's gradient sums terms 200 times larger, in another order
@@ -81,7 +106,7 @@ def test_the_chunked_scan_stays_finite_where_cumulative_decays_underflow(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("seq_len", [17, 2 * SCAN_CHUNK + 5])
+@pytest.mark.parametrize("seq_len", [17, 69])
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_mixer_computes_transformers_reference_mamba_path(dtype, seq_len, padded):
     torch.manual_seed(0)
