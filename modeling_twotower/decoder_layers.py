@@ -19,6 +19,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBlockLinear
+from .dropout import Dropout
 
 if TYPE_CHECKING:  # the config reads the tower kinds (its choices), so their layers name it in annotations only
     from .configuration_twotower import TwoTowerConfig
@@ -162,7 +163,7 @@ class TwoTowerDecoderLayer(GradientCheckpointingLayer):
             config.num_towers, config.hidden_size, config.layer_norm_eps
         )
         self.mlp = TwoTowerMLP(config)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
 
     def forward(self, hidden_states, attention_mask=None, cache=None, output_attentions=False, **kwargs):
         # Self Attention

@@ -9,6 +9,7 @@ from torch import nn
 
 from .batched_layers import TwoTowerBatchedLayerNorm, TwoTowerBatchedLinear, concat_towers, split_towers
 from .configuration_twotower import TwoTowerConfig
+from .dropout import Dropout
 
 
 class TwoTowerEmbeddings(nn.Module):
@@ -20,7 +21,7 @@ class TwoTowerEmbeddings(nn.Module):
     def __init__(self, config: TwoTowerConfig):
         super().__init__()
         self.num_towers = config.num_towers
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
         self.embed_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.tower_proj = TwoTowerBatchedLinear(config.num_towers, config.embedding_size, config.hidden_size)
@@ -39,7 +40,7 @@ class TwoTowerSeparateEmbeddings(nn.Module):
     def __init__(self, config: TwoTowerConfig):
         super().__init__()
         self.num_towers = config.num_towers
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
         slice_size = config.embedding_size // config.num_towers
         self.embed_norm = TwoTowerBatchedLayerNorm(config.num_towers, slice_size, config.layer_norm_eps)
@@ -60,7 +61,7 @@ class TwoTowerGPTEmbeddings(nn.Module):
     def __init__(self, config: TwoTowerConfig):
         super().__init__()
         self.num_towers = config.num_towers
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
         self.embed_positions = nn.Embedding(config.max_position_embeddings, config.embedding_size)
 
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.LongTensor, token_embedding: nn.Embedding):

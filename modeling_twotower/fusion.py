@@ -7,11 +7,12 @@ from torch import nn
 
 from .batched_layers import TwoTowerBatchedLayerNorm, concat_towers
 from .configuration_twotower import TwoTowerConfig
+from .dropout import Dropout
 
 
 def _fused_dropout(config: TwoTowerConfig) -> nn.Module:
     # the reference's ELMo drops out the fused features too
-    return nn.Dropout(config.hidden_dropout) if config.layout == "elmo" else nn.Identity()
+    return Dropout(config.hidden_dropout) if config.layout == "elmo" else nn.Identity()
 
 
 class TwoTowerFusion(nn.Module):

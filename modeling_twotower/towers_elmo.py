@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .dropout import Dropout
 from .reference_initialization import torch_default_lstm_
 from .tower_stack import TowerStack, stack_output
 
@@ -69,7 +70,7 @@ class TwoTowerELMoTowers(TowerStack):
         super().__init__()
         self.forward_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
         self.backward_norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
         self.tower_proj = _direction_linears(config, config.embedding_size)  # one per tower, shared by directions
         self.forward_lstms = nn.ModuleList([_unprojected_lstm(config) for _ in range(config.num_towers)])
         self.backward_lstms = nn.ModuleList([_unprojected_lstm(config) for _ in range(config.num_towers)])

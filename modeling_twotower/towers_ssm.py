@@ -22,6 +22,7 @@ from transformers import MambaConfig
 from transformers.models.mamba.modeling_mamba import MambaMixer
 
 from .batched_layers import TwoTowerBatchedLayerNorm
+from .dropout import Dropout
 from .reference_initialization import torch_default_
 from .tower_stack import KindInitialized, TowerStack, stack_output
 
@@ -216,7 +217,7 @@ class TwoTowerSSMBlock(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mixer = TwoTowerMambaMixer(mamba_config(config), layer_idx)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         # the mixer zeroes padding (attention_mask 0) before its projection and its scan

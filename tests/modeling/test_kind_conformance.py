@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerFast
 from conftest import HANG_LIMIT_S, tiny_two_tower, tiny_two_tower_config
 from modeling_twotower import PRESETS, TwoTowerCheckpointError, TwoTowerConfig, TwoTowerForCausalLM, TwoTowerForMaskedLM
 from modeling_twotower.configuration_twotower import INITIALIZATIONS, LAYOUTS
+from modeling_twotower.dropout import Dropout
 from modeling_twotower.tower_stack import TowerStack
 from modeling_twotower.towers import TOWER_KINDS, tower_stack_class
 from twotower.evaluation.publishing.model_card import card_tower_name, render_model_card
@@ -152,6 +153,8 @@ def test_builds_the_declared_stack(tower_type, layout, objective, initialization
     assert stack.no_split_module in {type(module).__name__ for module in model.modules()}
     assert config.use_cache is stack.has_cache
     assert all(param.isfinite().all() for param in model.parameters())
+    # dropout that torch.compile draws on the CPU as eager code does (tests/modeling/test_dropout.py), none plain
+    assert all(type(module) is Dropout for module in model.modules() if isinstance(module, torch.nn.Dropout))
 
 
 @pytest.mark.parametrize("tower_type, layout, objective, initialization", CASES)
