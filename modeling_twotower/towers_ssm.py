@@ -111,12 +111,11 @@ class SelectiveScan(torch.autograd.Function):
     Mamba's selective scan, y_t = state_t @ C_t with state_t = exp(time_step_t * A) * state_{t-1} + time_step_t *
     channels_t * B_t (time_step, channels [batch, seq, channels]; A [channels, N]; B, C [batch, seq, N]), by
     `chunked_scan_` both ways, in chunks of `scan_chunk(seq)` positions unless `chunk` is given: backward is the same
-    scan run from the end over the loss's gradients. Written by hand
-    so that a call allocates one [batch, seq, channels, N] tensor forward and one backward (autograd over the scan
-    kept a dozen, and on the CPU each fresh one costs its page faults). The readout and the gradients of B, C and the
-    channels are matrix products over each position's [channels, N] states, which read the states once and write no
-    product; the gradients that weigh each channel's states by A or by its time step go through one buffer of a
-    chunk's size, a chunk at a time.
+    scan run from the end over the loss's gradients. Written by hand so that a call allocates one [batch, seq,
+    channels, N] tensor forward and one backward (autograd over the scan kept a dozen, and on the CPU each fresh one
+    costs its page faults). The readout and the gradients of B, C and the channels are matrix products over each
+    position's [channels, N] states, which read the states once and write no product; the gradients that weigh each
+    channel's states by A or by its time step go through one buffer of a chunk's size, a chunk at a time.
     """
 
     @staticmethod
