@@ -3,9 +3,9 @@ Training tokens/s of the state-space towers (`tower_type="ssm"`) next to the tra
 (the tiny and tiny_ssm recipes' models), each model in a process of its own (as the training command runs it) and
 timed in rounds over both so that both see the same machine load;
 the selective scan alone (forward and backward at the ssm model's mixer shapes) in chunks of each length asked for
-(`scan_chunk`'s own marked) against one chunk, the sequential scan (one position per step); and what batching the towers could gain: the two
-towers' mixers run one after the other, against one mixer on both towers' batches at once (shared weights: the most
-a batched kernel could save).
+(`scan_chunk`'s own marked) against one chunk, the sequential scan (one position per step); and what batching the
+towers could gain: the two towers' mixers run one after the other, against one mixer on both towers' batches at once
+(shared weights: the most a batched kernel could save).
 
     python -m benchmarks.bench_ssm_tower --repeats 8 --rounds 4 --batch_size 4 --num_threads 1
 """

@@ -2,8 +2,8 @@
 # GPU check, about 10 minutes on one GPU: bf16 pretraining and probes of the tiny recipe (beside an fp32 run of the
 # same recipe, the reference for bf16), a few steps of the paper-sized `base` and `base_probe` recipes on a local
 # corpus, the speed benchmark at base and large (tokens/s, MFU, peak memory), the loss without logits against the
-# logits' loss at the GPU's shapes in pieces of each size (the piece rule's sweep), and a 2-process run. Every step's log,
-# steps.tsv (name, status, seconds) and summary.json / summary.txt (the pass/fail checks of docs/BENCHMARKS.md,
+# logits' loss at the GPU's shapes in pieces of each size (the piece rule's sweep), and a 2-process run. Every step's
+# log, steps.tsv (name, status, seconds) and summary.json / summary.txt (the pass/fail checks of docs/BENCHMARKS.md,
 # "GPU check") go to $OUT (default outputs/gpu_check). Any failing step stops the script with its log's tail.
 #
 #   bash benchmarks/gpu_check.sh [CORPUS_DIR]            # CORPUS_DIR holds train.txt and valid.txt (default
@@ -243,7 +243,8 @@ lines += [f"  {s['step']:<22} {s['status']:<12} {s['seconds']} s" for s in steps
 lines += ["", "checks:"] + [f"  {'PASS' if c['passed'] else 'FAIL'}  {c['check']}: {c['detail']}" for c in checks]
 lines += ["", "benchmark (two-tower training):"]
 lines += [f"  {size}: {f['tokens_per_s']:,.0f} tokens/s, MFU {f['mfu']:.1%}" for size, f in figures.items()]
-lines += ["", "loss without logits against the logits' loss (forward and backward):"] + [f"  {line}" for line in loss_sweep]
+lines += ["", "loss without logits against the logits' loss (forward and backward):"]
+lines += [f"  {line}" for line in loss_sweep]
 (out / "summary.txt").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 failed = [c["check"] for c in checks if not c["passed"]]
